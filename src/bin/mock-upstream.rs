@@ -1,0 +1,68 @@
+//! `mock-upstream`: the loopback chat-completions server used by tests, benchmarks and the demo.
+
+use std::time::Duration;
+
+use clap::Parser;
+use compactor::mock_upstream::{self, MockMode, MockOptions};
+
+#[derive(Parser)]
+#[command(about = "Mock OpenAI-compatible upstream for tests, benchmarks and the demo")]
+struct Cli {
+    /// Address to listen on (port 0 picks a free one; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// chat | echo | summarizer
+    #[arg(long, default_value = "chat")]
+    mode: String,
+    /// Content chunks per streamed reply.
+    #[arg(long, default_value_t = 8)]
+    chunks: usize,
+    /// Delay between streamed chunks, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    chunk_delay_ms: u64,
+    /// Delay before the response starts, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    first_byte_delay_ms: u64,
+    /// Skip OpenAI-style message validation.
+    #[arg(long)]
+    no_validate: bool,
+    /// Recent requests kept for inspection (0 for benchmarks).
+    #[arg(long, default_value_t = 0)]
+    record: usize,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let Some(mode) = MockMode::parse(&cli.mode) else {
+        eprintln!("mock-upstream: unknown --mode {}", cli.mode);
+        return std::process::ExitCode::from(2);
+    };
+    let options = MockOptions {
+        mode,
+        chunks: cli.chunks,
+        chunk_delay: Duration::from_millis(cli.chunk_delay_ms),
+        first_byte_delay: Duration::from_millis(cli.first_byte_delay_ms),
+        validate: !cli.no_validate,
+        record: cli.record,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("mock-upstream: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match mock_upstream::start(&cli.listen, options).await {
+            Ok(handle) => {
+                compactor::server::announce("mock-upstream", handle.addr);
+                compactor::server::shutdown_signal().await;
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mock-upstream: cannot listen on {}: {e}", cli.listen);
+                std::process::ExitCode::FAILURE
+            }
+        }
+    })
+}

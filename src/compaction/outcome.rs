@@ -1,0 +1,73 @@
+//! What compaction did for one request: the response headers and the log fields.
+
+use http::header::{HeaderMap, HeaderValue};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    /// Nothing was changed: under every trigger, switched off, or nothing to summarize.
+    Skipped,
+    /// A summarizer call ran for this request and its result was used.
+    Summarized,
+    /// A cached summary was used without any summarizer call.
+    Reused,
+    /// Compaction was needed but could not run; the original request was forwarded.
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheUse {
+    NotConsulted,
+    Hit,
+    Miss,
+}
+
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub kind: OutcomeKind,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub messages_summarized: usize,
+    pub summarizer_ms: Option<u64>,
+    pub cache: CacheUse,
+    pub headroom_unmet: bool,
+    /// Why compaction was skipped or failed, as a short label for logs.
+    pub reason: &'static str,
+}
+
+impl Outcome {
+    pub fn skipped(tokens: u64, reason: &'static str) -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Skipped,
+            tokens_before: tokens,
+            tokens_after: tokens,
+            messages_summarized: 0,
+            summarizer_ms: None,
+            cache: CacheUse::NotConsulted,
+            headroom_unmet: false,
+            reason,
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self.kind {
+            OutcomeKind::Skipped => "skipped",
+            OutcomeKind::Summarized => "summarized",
+            OutcomeKind::Reused => "reused",
+            OutcomeKind::Failed => "failed",
+        }
+    }
+
+    pub fn cache_label(&self) -> &'static str {
+        match self.cache {
+            CacheUse::NotConsulted => "-",
+            CacheUse::Hit => "hit",
+            CacheUse::Miss => "miss",
+        }
+    }
+
+    pub fn write_headers(&self, headers: &mut HeaderMap) {
+        headers.insert("x-compactor-compaction", HeaderValue::from_static(self.label()));
+        headers.insert("x-compactor-tokens-before", HeaderValue::from(self.tokens_before));
+        headers.insert("x-compactor-tokens-after", HeaderValue::from(self.tokens_after));
+    }
+}

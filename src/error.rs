@@ -1,0 +1,125 @@
+//! The one error type of the request path, and the one place an OpenAI-shaped error body is built.
+//!
+//! Every error compactor itself produces carries `x-compactor-error: <code>` so a user can tell a
+//! proxy failure from an upstream failure (upstream error responses pass through untouched).
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use crate::body::ProxyBody;
+
+/// Header naming the error code on every response compactor generated itself.
+pub const PROXY_ERROR_HEADER: &str = "x-compactor-error";
+
+/// Who caused a failure; decides the log level and, later, whether a retry could help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    #[error("no upstream is configured for model '{0}'")]
+    NoUpstream(String),
+    #[error("upstream '{upstream}' is unreachable: {reason}")]
+    UpstreamUnreachable { upstream: String, reason: String },
+    #[error("upstream '{upstream}' did not answer within {secs}s")]
+    UpstreamTimeout { upstream: String, secs: f64 },
+    #[error("compaction failed and fail_mode is closed: {0}")]
+    CompactionFailed(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            ProxyError::NoUpstream(_) => StatusCode::NOT_FOUND,
+            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::CompactionFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn fault(&self) -> Fault {
+        match self {
+            ProxyError::NotFound { .. }
+            | ProxyError::BodyTooLarge { .. }
+            | ProxyError::BodyRead(_)
+            | ProxyError::NoUpstream(_) => Fault::Client,
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::CompactionFailed(_) => Fault::Upstream,
+            ProxyError::Internal(_) => Fault::Internal,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    fn error_type(&self) -> &'static str {
+        match self.fault() {
+            Fault::Client => "invalid_request_error",
+            Fault::Upstream => "upstream_error",
+            Fault::Internal => "server_error",
+        }
+    }
+
+    /// OpenAI's `error.code`; also the value of [`PROXY_ERROR_HEADER`] and a low-cardinality log label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::NotFound { .. } => "not_found",
+            ProxyError::BodyTooLarge { .. } => "request_too_large",
+            ProxyError::BodyRead(_) => "invalid_body",
+            ProxyError::NoUpstream(_) => "model_not_found",
+            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::CompactionFailed(_) => "compaction_failed",
+            ProxyError::Internal(_) => "internal_error",
+        }
+    }
+
+    pub fn into_response(self) -> Response<ProxyBody> {
+        error_response(
+            self.status(),
+            &self.to_string(),
+            self.error_type(),
+            self.code(),
+        )
+    }
+}
+
+/// Renders `{"error":{"message","type","code"}}`; used for every error compactor generates.
+pub fn error_response(
+    status: StatusCode,
+    message: &str,
+    error_type: &str,
+    code: &str,
+) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": error_type, "code": code, "param": null }
+    });
+    let bytes = Bytes::from(body.to_string());
+    let mut response = Response::new(Full::new(bytes).map_err(|never| match never {}).boxed_unsync());
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(value) = HeaderValue::from_str(code) {
+        headers.insert(PROXY_ERROR_HEADER, value);
+    }
+    response
+}

@@ -1,0 +1,750 @@
+//! A real chat-completions server on loopback for tests, benchmarks and the demo.
+//!
+//! Behaviour is set per instance ([`MockOptions`], CLI flags of `mock-upstream`) and overridden
+//! per request by `x-mock-*` headers, which pass through compactor like any other header:
+//! - `x-mock-mode: chat | echo | summarizer` — echo replies with the exact request body it got;
+//!   summarizer replies with a deterministic summary of its input.
+//! - `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-first-byte-delay-ms` — SSE pacing.
+//! - `x-mock-status: 429` — answer that status with an OpenAI-shaped error.
+//! - `x-mock-fault: hang | stall | reset` — never answer; stop after the first event; or break
+//!   the connection after the first event.
+//! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
+//!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
+//!
+//! Requests to `/chat/completions` are validated the way OpenAI does (tool messages must answer a
+//! pending call; every call must be answered before the next non-tool message) and get 400 with
+//! OpenAI's error shape otherwise. When the request has `tools` and its last message is not a
+//! tool result, the reply is a call to the first tool (scripted tool use).
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::channel::{Channel, Sender};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+use crate::body::BoxError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MockMode {
+    Chat,
+    Echo,
+    Summarizer,
+}
+
+impl MockMode {
+    pub fn parse(value: &str) -> Option<MockMode> {
+        match value {
+            "chat" => Some(MockMode::Chat),
+            "echo" => Some(MockMode::Echo),
+            "summarizer" => Some(MockMode::Summarizer),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MockFault {
+    Status(u16),
+    Hang,
+    Stall,
+    Reset,
+    /// Summarizer mode: answer 200 with an empty message content.
+    Blank,
+}
+
+#[derive(Debug, Clone)]
+pub struct MockOptions {
+    pub mode: MockMode,
+    pub chunks: usize,
+    pub chunk_delay: Duration,
+    pub first_byte_delay: Duration,
+    pub validate: bool,
+    /// How many recent requests to keep for inspection.
+    pub record: usize,
+}
+
+impl Default for MockOptions {
+    fn default() -> Self {
+        MockOptions {
+            mode: MockMode::Chat,
+            chunks: 8,
+            chunk_delay: Duration::ZERO,
+            first_byte_delay: Duration::ZERO,
+            validate: true,
+            record: 256,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordedRequest {
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl RecordedRequest {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+#[derive(Default)]
+struct MockState {
+    recorded: Mutex<VecDeque<RecordedRequest>>,
+    chat_calls: AtomicUsize,
+    streams_aborted: AtomicUsize,
+    stream_aborted: Notify,
+    gates: Mutex<HashMap<String, Arc<Notify>>>,
+    fault: Mutex<Option<MockFault>>,
+    next_id: AtomicU64,
+    /// Released one per request while a test holds requests back ([`MockHandle::hold`]).
+    held: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    arrived: Notify,
+    arrivals: AtomicUsize,
+}
+
+/// A running mock upstream; dropping it does not stop it (it lives as long as the runtime).
+#[derive(Clone)]
+pub struct MockHandle {
+    pub addr: SocketAddr,
+    state: Arc<MockState>,
+}
+
+impl MockHandle {
+    /// `http://addr/v1`, the base_url to configure.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.state.recorded).iter().cloned().collect()
+    }
+
+    pub fn last_request(&self) -> Option<RecordedRequest> {
+        lock(&self.state.recorded).back().cloned()
+    }
+
+    /// Chat-completion requests served (validated ones included, faults excluded).
+    pub fn chat_calls(&self) -> usize {
+        self.state.chat_calls.load(Ordering::SeqCst)
+    }
+
+    pub fn open_gate(&self, key: &str) {
+        gate(&self.state, key).notify_one();
+    }
+
+    /// Waits (bounded) until a streaming response was dropped before its end.
+    pub async fn wait_stream_aborted(&self, within: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.state.stream_aborted.notified();
+                if self.state.streams_aborted.load(Ordering::SeqCst) > 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.is_ok()
+    }
+
+    /// Sets a fault applied to every request until cleared.
+    pub fn set_fault(&self, fault: Option<MockFault>) {
+        *lock(&self.state.fault) = fault;
+    }
+
+    /// Holds every chat request until [`MockHandle::release`] lets it through.
+    pub fn hold(&self) {
+        *lock(&self.state.held) = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    pub fn release(&self, permits: usize) {
+        if let Some(semaphore) = lock(&self.state.held).as_ref() {
+            semaphore.add_permits(permits);
+        }
+    }
+
+    /// Waits (bounded) until at least `count` chat requests have arrived.
+    pub async fn wait_arrivals(&self, count: usize, within: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.state.arrived.notified();
+                if self.state.arrivals.load(Ordering::SeqCst) >= count {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.is_ok()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn gate(state: &MockState, key: &str) -> Arc<Notify> {
+    lock(&state.gates)
+        .entry(key.to_string())
+        .or_insert_with(|| Arc::new(Notify::new()))
+        .clone()
+}
+
+/// Binds `addr` and serves in the background of the current runtime.
+pub async fn start(addr: &str, options: MockOptions) -> std::io::Result<MockHandle> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(MockState::default());
+    let handle = MockHandle {
+        addr,
+        state: state.clone(),
+    };
+    let options = Arc::new(options);
+    tokio::spawn(async move {
+        let builder = auto::Builder::new(TokioExecutor::new());
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let state = state.clone();
+            let options = options.clone();
+            let service = service_fn(move |request| {
+                serve_request(state.clone(), options.clone(), request)
+            });
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            tokio::spawn(connection);
+        }
+    });
+    Ok(handle)
+}
+
+type MockBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<MockBody> {
+    let mut response = Response::new(
+        http_body_util::Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response.headers_mut().insert(http::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+fn openai_error(status: StatusCode, message: &str, param: Option<String>) -> Response<MockBody> {
+    let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": null}});
+    full(status, "application/json", body.to_string())
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn header_num<T: std::str::FromStr>(headers: &HeaderMap, name: &str) -> Option<T> {
+    header_str(headers, name).and_then(|v| v.trim().parse().ok())
+}
+
+async fn serve_request(
+    state: Arc<MockState>,
+    options: Arc<MockOptions>,
+    request: Request<Incoming>,
+) -> Result<Response<MockBody>, Infallible> {
+    let (parts, incoming) = request.into_parts();
+    let body = match incoming.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Ok(openai_error(StatusCode::BAD_REQUEST, "unreadable body", None)),
+    };
+    let path = parts.uri.path().to_string();
+    if options.record > 0 {
+        let mut recorded = lock(&state.recorded);
+        if recorded.len() >= options.record {
+            recorded.pop_front();
+        }
+        recorded.push_back(RecordedRequest {
+            method: parts.method.clone(),
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .map(|pq| pq.to_string())
+                .unwrap_or_default(),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+        });
+    }
+    if let Some(key) = path.strip_prefix("/mock/gates/") {
+        gate(&state, key).notify_one();
+        return Ok(full(StatusCode::OK, "application/json", "{}"));
+    }
+    if parts.method == Method::GET && path.ends_with("/models") {
+        let body = json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 1_700_000_000, "owned_by": "compactor"}]});
+        return Ok(full(StatusCode::OK, "application/json", body.to_string()));
+    }
+    if !(parts.method == Method::POST && path.ends_with("/chat/completions")) {
+        let mut response = full(
+            StatusCode::OK,
+            "application/json",
+            json!({"method": parts.method.as_str(), "path": path}).to_string(),
+        );
+        response
+            .headers_mut()
+            .insert("x-mock-path", http::HeaderValue::from_static("other"));
+        return Ok(response);
+    }
+
+    state.arrivals.fetch_add(1, Ordering::SeqCst);
+    state.arrived.notify_waiters();
+    let held = lock(&state.held).clone();
+    if let Some(semaphore) = held {
+        if let Ok(permit) = semaphore.acquire().await {
+            permit.forget();
+        }
+    }
+
+    let headers = &parts.headers;
+    let fault = header_str(headers, "x-mock-fault")
+        .and_then(|f| match f {
+            "hang" => Some(MockFault::Hang),
+            "stall" => Some(MockFault::Stall),
+            "reset" => Some(MockFault::Reset),
+            "blank" => Some(MockFault::Blank),
+            _ => None,
+        })
+        .or_else(|| header_num::<u16>(headers, "x-mock-status").map(MockFault::Status))
+        .or(*lock(&state.fault));
+    match fault {
+        Some(MockFault::Status(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut response = openai_error(status, "mock upstream fault", None);
+            if code == 429 {
+                response
+                    .headers_mut()
+                    .insert("retry-after", http::HeaderValue::from_static("7"));
+            }
+            return Ok(response);
+        }
+        Some(MockFault::Hang) => {
+            std::future::pending::<()>().await;
+        }
+        _ => {}
+    }
+
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(value) => value,
+        Err(e) => {
+            return Ok(openai_error(
+                StatusCode::BAD_REQUEST,
+                &format!("We could not parse the JSON body of your request. ({e})"),
+                None,
+            ))
+        }
+    };
+    if options.validate {
+        if let Err((message, param)) = validate_messages(&request) {
+            return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
+        }
+    }
+    state.chat_calls.fetch_add(1, Ordering::SeqCst);
+
+    let mode = header_str(headers, "x-mock-mode")
+        .and_then(MockMode::parse)
+        .unwrap_or(options.mode);
+    let chunks = header_num(headers, "x-mock-chunks").unwrap_or(options.chunks).max(1);
+    let chunk_delay = header_num(headers, "x-mock-chunk-delay-ms")
+        .map(Duration::from_millis)
+        .unwrap_or(options.chunk_delay);
+    let first_byte_delay = header_num(headers, "x-mock-first-byte-delay-ms")
+        .map(Duration::from_millis)
+        .unwrap_or(options.first_byte_delay);
+    let gate_key = header_str(headers, "x-mock-gate").map(str::to_string);
+
+    let id = format!("chatcmpl-mock-{}", state.next_id.fetch_add(1, Ordering::SeqCst));
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("mock-model")
+        .to_string();
+    let reply = build_reply(mode, &request, &body, fault == Some(MockFault::Blank));
+    if !first_byte_delay.is_zero() {
+        tokio::time::sleep(first_byte_delay).await;
+    }
+    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if !stream {
+        let body = completion_json(&id, &model, &reply, &request);
+        return Ok(full(StatusCode::OK, "application/json", body.to_string()));
+    }
+    let include_usage = request
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let events = stream_events(&id, &model, &reply, chunks, include_usage);
+    let (sender, channel) = Channel::<Bytes, BoxError>::new(4);
+    tokio::spawn(send_events(
+        sender,
+        events,
+        chunk_delay,
+        fault,
+        gate_key.map(|key| gate(&state, &key)),
+    ));
+    let body = GuardedBody {
+        inner: channel,
+        state: state.clone(),
+        finished: false,
+    };
+    let mut response = Response::new(body.boxed_unsync());
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    Ok(response)
+}
+
+/// Records a stream dropped before its end (the client, or the proxy, went away).
+struct GuardedBody {
+    inner: Channel<Bytes, BoxError>,
+    state: Arc<MockState>,
+    finished: bool,
+}
+
+impl Body for GuardedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.finished = true;
+        }
+        polled
+    }
+}
+
+impl Drop for GuardedBody {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.streams_aborted.fetch_add(1, Ordering::SeqCst);
+            self.state.stream_aborted.notify_waiters();
+        }
+    }
+}
+
+async fn send_events(
+    mut sender: Sender<Bytes, BoxError>,
+    events: Vec<Bytes>,
+    delay: Duration,
+    fault: Option<MockFault>,
+    gate: Option<Arc<Notify>>,
+) {
+    for (i, event) in events.into_iter().enumerate() {
+        if i > 0 {
+            if i == 1 {
+                match fault {
+                    Some(MockFault::Stall) => std::future::pending::<()>().await,
+                    Some(MockFault::Reset) => {
+                        sender.abort("mock upstream reset the stream".into());
+                        return;
+                    }
+                    _ => {}
+                }
+                if let Some(gate) = &gate {
+                    gate.notified().await;
+                }
+            }
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+        }
+        if sender.send_data(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+enum Reply {
+    Text(String),
+    ToolCall { name: String, arguments: String },
+}
+
+fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, blank: bool) -> Reply {
+    let messages = request.get("messages").and_then(Value::as_array);
+    match mode {
+        MockMode::Echo => Reply::Text(String::from_utf8_lossy(raw).into_owned()),
+        MockMode::Summarizer => {
+            if blank {
+                return Reply::Text("   ".into());
+            }
+            let prompt: String = messages
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n");
+            Reply::Text(format!(
+                "Summary {:016x} of {} chars of conversation.",
+                fnv1a(prompt.as_bytes()),
+                prompt.chars().count()
+            ))
+        }
+        MockMode::Chat => {
+            let last = messages.and_then(|m| m.last());
+            let last_role = last.and_then(|m| m.get("role")).and_then(Value::as_str);
+            let first_tool = request
+                .get("tools")
+                .and_then(Value::as_array)
+                .and_then(|tools| tools.first())
+                .and_then(|tool| tool.pointer("/function/name"))
+                .and_then(Value::as_str);
+            match (first_tool, last_role) {
+                (Some(name), Some(role)) if role != "tool" => Reply::ToolCall {
+                    name: name.to_string(),
+                    arguments: r#"{"city":"Paris"}"#.to_string(),
+                },
+                (_, Some("tool")) => Reply::Text(format!(
+                    "The tool said: {}",
+                    last.and_then(|m| m.get("content"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                )),
+                _ => Reply::Text("Hello from the mock upstream.".into()),
+            }
+        }
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn usage(request: &Value, completion_chars: usize) -> Value {
+    let prompt_chars = request
+        .get("messages")
+        .map(|m| m.to_string().len())
+        .unwrap_or(0);
+    let prompt = (prompt_chars / 4) as u64;
+    let completion = (completion_chars / 4).max(1) as u64;
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+const CREATED: u64 = 1_700_000_000;
+
+fn completion_json(id: &str, model: &str, reply: &Reply, request: &Value) -> Value {
+    let (message, finish, chars) = match reply {
+        Reply::Text(text) => (
+            json!({"role": "assistant", "content": text, "refusal": null}),
+            "stop",
+            text.len(),
+        ),
+        Reply::ToolCall { name, arguments } => (
+            json!({"role": "assistant", "content": null, "refusal": null, "tool_calls": [
+                {"id": "call_mock_1", "type": "function", "function": {"name": name, "arguments": arguments}}
+            ]}),
+            "tool_calls",
+            arguments.len(),
+        ),
+    };
+    json!({
+        "id": id, "object": "chat.completion", "created": CREATED, "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+        "usage": usage(request, chars),
+    })
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+fn stream_events(id: &str, model: &str, reply: &Reply, chunks: usize, include_usage: bool) -> Vec<Bytes> {
+    let chunk = |delta: Value, finish: Value| {
+        let mut value = json!({
+            "id": id, "object": "chat.completion.chunk", "created": CREATED, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if include_usage {
+            value["usage"] = Value::Null;
+        }
+        sse(&value)
+    };
+    let mut events = Vec::with_capacity(chunks + 3);
+    let (finish, chars) = match reply {
+        Reply::Text(text) => {
+            let pieces = split_text(text, chunks);
+            for (i, piece) in pieces.iter().enumerate() {
+                let delta = if i == 0 {
+                    json!({"role": "assistant", "content": piece})
+                } else {
+                    json!({"content": piece})
+                };
+                events.push(chunk(delta, Value::Null));
+            }
+            ("stop", text.len())
+        }
+        Reply::ToolCall { name, arguments } => {
+            events.push(chunk(
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"index": 0, "id": "call_mock_1", "type": "function", "function": {"name": name, "arguments": ""}}
+                ]}),
+                Value::Null,
+            ));
+            for piece in split_text(arguments, chunks.saturating_sub(1).max(1)) {
+                events.push(chunk(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+                    Value::Null,
+                ));
+            }
+            ("tool_calls", arguments.len())
+        }
+    };
+    events.push(chunk(json!({}), json!(finish)));
+    if include_usage {
+        let value = json!({
+            "id": id, "object": "chat.completion.chunk", "created": CREATED, "model": model,
+            "choices": [], "usage": usage(&Value::Null, chars),
+        });
+        events.push(sse(&value));
+    }
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    events
+}
+
+/// Splits `text` into `parts` pieces on character boundaries (the last ones may be empty when
+/// the text is short, which is still a valid delta).
+fn split_text(text: &str, parts: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let parts = parts.max(1);
+    let size = chars.len().div_ceil(parts).max(1);
+    (0..parts)
+        .map(|i| {
+            let start = (i * size).min(chars.len());
+            let end = ((i + 1) * size).min(chars.len());
+            chars[start..end].iter().collect()
+        })
+        .collect()
+}
+
+/// OpenAI's structural checks on `messages`; Err carries the message and the `param` path.
+pub fn validate_messages(request: &Value) -> Result<(), (String, String)> {
+    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        return Err(("Missing required parameter: 'messages'.".into(), "messages".into()));
+    };
+    if messages.is_empty() {
+        return Err((
+            "Invalid 'messages': empty array. Expected an array with minimum length 1.".into(),
+            "messages".into(),
+        ));
+    }
+    let mut pending: Vec<String> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+        if !matches!(
+            role,
+            "system" | "developer" | "user" | "assistant" | "tool" | "function"
+        ) {
+            return Err((
+                format!("Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'."),
+                format!("messages[{i}].role"),
+            ));
+        }
+        if role == "tool" {
+            let id = message.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
+            match pending.iter().position(|p| p == id) {
+                Some(pos) => {
+                    pending.remove(pos);
+                }
+                None => {
+                    return Err((
+                        "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.".into(),
+                        format!("messages.[{i}].role"),
+                    ))
+                }
+            }
+            continue;
+        }
+        if !pending.is_empty() {
+            return Err((
+                format!("An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}", pending.join(", ")),
+                format!("messages.[{i}].role"),
+            ));
+        }
+        if role == "assistant" {
+            if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+                pending = calls
+                    .iter()
+                    .filter_map(|c| c.get("id").and_then(Value::as_str))
+                    .map(str::to_string)
+                    .collect();
+            }
+        }
+    }
+    if !pending.is_empty() {
+        return Err((
+            format!("An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}", pending.join(", ")),
+            "messages".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_follows_openai_rules() {
+        let ok = json!({"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]},
+            {"role": "tool", "tool_call_id": "b", "content": "rb"},
+            {"role": "tool", "tool_call_id": "a", "content": "ra"},
+            {"role": "user", "content": "q2"}]});
+        assert!(validate_messages(&ok).is_ok());
+        let orphan = json!({"messages": [{"role": "user"}, {"role": "tool", "tool_call_id": "x"}]});
+        assert!(validate_messages(&orphan).unwrap_err().0.contains("preceeding"));
+        let unanswered = json!({"messages": [
+            {"role": "assistant", "tool_calls": [{"id": "a"}]}, {"role": "user"}]});
+        assert!(validate_messages(&unanswered).unwrap_err().0.contains("a"));
+        let interrupted = json!({"messages": [
+            {"role": "assistant", "tool_calls": [{"id": "x"}]}, {"role": "user"},
+            {"role": "tool", "tool_call_id": "x"}]});
+        assert!(validate_messages(&interrupted).is_err());
+    }
+
+    #[test]
+    fn split_text_reassembles() {
+        let text = "héllo wörld, this is a test";
+        for parts in 1..40 {
+            assert_eq!(split_text(text, parts).concat(), text);
+            assert_eq!(split_text(text, parts).len(), parts);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Upstreams: the pooled client for each, routing a model to an upstream, and building the
+//! upstream request (URL mapping, hop-by-hop headers, credentials).
+
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Uri, Version};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use wildmatch::WildMatch;
+
+use crate::body::ProxyBody;
+use crate::config::{Config, TlsConfig, UpstreamConfig};
+
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
+/// Request headers that steer compactor itself and are never forwarded.
+pub const CONTROL_HEADERS: [&str; 2] = ["x-compactor", "x-compactor-notice"];
+
+pub struct Upstream {
+    pub name: String,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// The base URL's path without a trailing slash, e.g. `/v1`.
+    base_path: String,
+    authorization: Option<HeaderValue>,
+    extra_headers: Vec<(HeaderName, HeaderValue)>,
+    models: Vec<WildMatch>,
+    matches_every_model: bool,
+    pub client: HttpClient,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UpstreamSetupError(String);
+
+impl Upstream {
+    pub fn new(config: &UpstreamConfig, tls: &TlsConfig) -> Result<Upstream, UpstreamSetupError> {
+        let uri: Uri = config
+            .base_url
+            .parse()
+            .map_err(|e| UpstreamSetupError(format!("{}: base_url: {e}", config.name)))?;
+        let parts = uri.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.scheme, parts.authority) else {
+            return Err(UpstreamSetupError(format!(
+                "{}: base_url needs a scheme and a host",
+                config.name
+            )));
+        };
+        let base_path = parts
+            .path_and_query
+            .map(|pq| pq.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        let authorization = match config.api_key.as_ref().filter(|k| !k.is_empty()) {
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+                    .map_err(|_| {
+                        UpstreamSetupError(format!("{}: api_key is not a valid header", config.name))
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        let mut extra_headers = Vec::new();
+        for (name, value) in &config.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| UpstreamSetupError(format!("{}: header {name}: {e}", config.name)))?;
+            let mut value = HeaderValue::from_str(value.expose())
+                .map_err(|e| UpstreamSetupError(format!("{}: header {name}: {e}", config.name)))?;
+            value.set_sensitive(true);
+            extra_headers.push((name, value));
+        }
+        Ok(Upstream {
+            name: config.name.clone(),
+            scheme,
+            authority,
+            base_path,
+            authorization,
+            extra_headers,
+            matches_every_model: config.models.iter().any(|m| m == "*"),
+            models: config.models.iter().map(|m| WildMatch::new(m)).collect(),
+            client: build_client(
+                Duration::from_secs_f64(config.connect_timeout_secs),
+                Duration::from_secs_f64(config.idle_timeout_secs),
+                tls,
+            )?,
+            first_byte_timeout: Duration::from_secs_f64(config.first_byte_timeout_secs),
+            idle_timeout: Duration::from_secs_f64(config.idle_timeout_secs),
+        })
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.matches_every_model || self.models.iter().any(|m| m.matches(model))
+    }
+
+    /// `{base_url}{rest}` with the client's query string kept.
+    pub fn url_for(&self, rest: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        let path_and_query = match query {
+            Some(q) => format!("{}{}?{}", self.base_path, rest, q),
+            None => format!("{}{}", self.base_path, rest),
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+
+    /// The client's request rewritten for this upstream: hop-by-hop and control headers removed,
+    /// `Host` left for the client to set from the URL, credentials and extra headers applied.
+    pub fn prepare_request(
+        &self,
+        method: http::Method,
+        uri: Uri,
+        mut headers: HeaderMap,
+        body: ProxyBody,
+    ) -> Request<ProxyBody> {
+        strip_hop_by_hop(&mut headers);
+        headers.remove(header::HOST);
+        for name in CONTROL_HEADERS {
+            headers.remove(name);
+        }
+        if let Some(auth) = &self.authorization {
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        for (name, value) in &self.extra_headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        let mut request = Request::new(body);
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        // The pooled client picks HTTP/1.1 or h2 (by ALPN) per connection, whatever the client used.
+        *request.version_mut() = Version::HTTP_11;
+        *request.headers_mut() = headers;
+        request
+    }
+
+    /// Credentials for a call compactor makes on its own (the summarizer): this upstream's key,
+    /// else the client's own Authorization.
+    pub fn authorization_for(&self, client_auth: Option<&HeaderValue>) -> Option<HeaderValue> {
+        self.authorization.clone().or_else(|| client_auth.cloned())
+    }
+
+    pub fn extra_headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.extra_headers
+    }
+}
+
+fn build_client(
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    tls: &TlsConfig,
+) -> Result<HttpClient, UpstreamSetupError> {
+    let mut http = HttpConnector::new();
+    // Without NODELAY, Nagle's algorithm holds small writes (SSE frames, small bodies) until the
+    // peer's delayed ACK: a ~40 ms stall per exchange.
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = if tls.native_roots {
+        builder
+            .with_native_roots()
+            .map_err(|e| UpstreamSetupError(format!("tls.native_roots: {e}")))?
+    } else {
+        builder.with_webpki_roots()
+    };
+    let connector = builder
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(idle_timeout.min(Duration::from_secs(90)))
+        .build(connector))
+}
+
+/// Removes the headers that describe one connection rather than the message (RFC 9110 §7.6.1),
+/// including every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// All configured upstreams in order.
+pub struct Upstreams {
+    list: Vec<Upstream>,
+}
+
+impl Upstreams {
+    pub fn from_config(config: &Config) -> Result<Upstreams, UpstreamSetupError> {
+        let list = config
+            .upstreams
+            .iter()
+            .map(|u| Upstream::new(u, &config.tls))
+            .collect::<Result<Vec<_>, _>>()?;
+        if list.is_empty() {
+            return Err(UpstreamSetupError("no upstream configured".into()));
+        }
+        Ok(Upstreams { list })
+    }
+
+    /// Whether routing needs the body's `model` (false when the first upstream takes every model).
+    pub fn routing_needs_model(&self) -> bool {
+        !self.list[0].matches_every_model
+    }
+
+    /// The first upstream serving `model`; without a model, the first upstream.
+    pub fn route(&self, model: Option<&str>) -> Option<&Upstream> {
+        match model {
+            Some(model) => self.list.iter().find(|u| u.serves(model)),
+            None => self.list.first(),
+        }
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Upstream> {
+        self.list.iter().find(|u| u.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("keep-alive, x-private"));
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        headers.insert("x-kept", HeaderValue::from_static("yes"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert_eq!(headers["x-kept"], "yes");
+    }
+}
