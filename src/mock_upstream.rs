@@ -8,6 +8,7 @@
 //! - `x-mock-status: 429` — answer that status with an OpenAI-shaped error.
 //! - `x-mock-fault: hang | stall | reset` — never answer; stop after the first event; or break
 //!   the connection after the first event.
+//! - `x-mock-id: ID` — use this completion id (makes two replies byte-comparable).
 //! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
 //!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
 //!
@@ -379,7 +380,10 @@ async fn serve_request(
         .unwrap_or(options.first_byte_delay);
     let gate_key = header_str(headers, "x-mock-gate").map(str::to_string);
 
-    let id = format!("chatcmpl-mock-{}", state.next_id.fetch_add(1, Ordering::SeqCst));
+    let id = match header_str(headers, "x-mock-id") {
+        Some(id) => id.to_string(),
+        None => format!("chatcmpl-mock-{}", state.next_id.fetch_add(1, Ordering::SeqCst)),
+    };
     let model = request
         .get("model")
         .and_then(Value::as_str)

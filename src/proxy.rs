@@ -94,14 +94,18 @@ async fn proxy(
     let is_chat = parts.method == Method::POST && rest == "/chat/completions";
     let compacting = is_chat && app.compaction.is_some();
 
+    let limit = app.config.limits.max_request_body_bytes;
+    if declared_length(&parts.headers).is_some_and(|len| len > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
     let inbound = if is_json_post(&parts.method, &parts.headers)
         && (compacting || app.upstreams.routing_needs_model())
     {
-        let bytes = read_body(incoming, &parts.headers, app.config.limits.max_request_body_bytes)
-            .await?;
+        let bytes = read_body(incoming, limit).await?;
         log.bytes_in = bytes.len() as u64;
         Inbound::Buffered(bytes)
     } else {
+        log.bytes_in = declared_length(&parts.headers).unwrap_or(0);
         Inbound::Streaming(incoming)
     };
 
@@ -202,14 +206,15 @@ fn is_json_post(method: &Method, headers: &HeaderMap) -> bool {
             .unwrap_or(false)
 }
 
-async fn read_body(incoming: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, ProxyError> {
-    let declared = headers
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(ProxyError::BodyTooLarge { limit });
-    }
+        .and_then(|v| v.parse().ok())
+}
+
+/// Reads a body that must be inspected, bounded by `limit` even when no length was declared.
+async fn read_body(incoming: Incoming, limit: u64) -> Result<Bytes, ProxyError> {
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(incoming, limit_usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),

@@ -1,0 +1,193 @@
+//! Test support: compactor and the mock upstream in-process on ephemeral loopback ports, and a
+//! plain hyper client that shows exactly the bytes on the wire.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use compactor::config::Config;
+use compactor::mock_upstream::{self, MockHandle, MockOptions};
+use compactor::proxy::App;
+use compactor::server;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::oneshot;
+
+/// Bound for every wait in tests: long enough never to fire on a healthy run, short enough that
+/// a broken build fails instead of hanging CI.
+pub const BOUND: Duration = Duration::from_secs(20);
+
+pub async fn mock(options: MockOptions) -> MockHandle {
+    mock_upstream::start("127.0.0.1:0", options)
+        .await
+        .expect("mock upstream binds")
+}
+
+pub async fn echo_mock() -> MockHandle {
+    mock(MockOptions {
+        mode: mock_upstream::MockMode::Echo,
+        ..MockOptions::default()
+    })
+    .await
+}
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<bool>>,
+}
+
+impl Proxy {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn base_url(&self) -> String {
+        self.url("/v1")
+    }
+
+    /// Triggers graceful shutdown and returns whether it finished within the grace period.
+    pub async fn shutdown(mut self) -> bool {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.done.take() {
+            Some(done) => tokio::time::timeout(BOUND, done)
+                .await
+                .expect("shutdown finishes")
+                .expect("server task"),
+            None => true,
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts compactor in-process with the given YAML; `listen` is forced to an ephemeral port.
+pub async fn proxy(yaml: &str) -> Proxy {
+    server::install_crypto_provider();
+    let mut config = Config::from_yaml(yaml).expect("test config is valid");
+    config.listen = "127.0.0.1:0".into();
+    let listener = server::bind(&config).await.expect("proxy binds");
+    let addr = listener.local_addr().expect("local addr");
+    let app = Arc::new(App::new(config).expect("app builds"));
+    let (tx, rx) = oneshot::channel::<()>();
+    let done = tokio::spawn(server::serve(listener, app, async move {
+        let _ = rx.await;
+    }));
+    Proxy {
+        addr,
+        shutdown: Some(tx),
+        done: Some(done),
+    }
+}
+
+/// A one-upstream config in front of `mock`, plus `extra` YAML appended at top level.
+pub fn config_for(mock: &MockHandle, extra: &str) -> String {
+    format!(
+        "upstreams:\n  - name: mock\n    base_url: {}\n{extra}",
+        mock.base_url()
+    )
+}
+
+pub type RawClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> RawClient {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+pub fn http2_client() -> RawClient {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new())
+}
+
+pub fn json_request(url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut builder = Request::post(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(Full::new(body.into())).expect("request builds")
+}
+
+pub async fn send(client: &RawClient, request: Request<Full<Bytes>>) -> Response<Incoming> {
+    tokio::time::timeout(BOUND, client.request(request))
+        .await
+        .expect("response within bound")
+        .expect("request succeeds")
+}
+
+pub struct Collected {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Collected {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+pub async fn collect(response: Response<Incoming>) -> Collected {
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(BOUND, body.collect())
+        .await
+        .expect("body within bound")
+        .expect("body completes")
+        .to_bytes();
+    Collected {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn roundtrip(client: &RawClient, request: Request<Full<Bytes>>) -> Collected {
+    collect(send(client, request).await).await
+}
+
+/// Reads the next data frame of a streaming body.
+pub async fn next_data(body: &mut Incoming) -> Option<Bytes> {
+    loop {
+        let frame = tokio::time::timeout(BOUND, body.frame())
+            .await
+            .expect("frame within bound")?
+            .ok()?;
+        if let Ok(data) = frame.into_data() {
+            return Some(data);
+        }
+    }
+}
+
+pub fn chat_body(content: &str, stream: bool) -> String {
+    serde_json::json!({
+        "model": "gpt-4o-mini",
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string()
+}
+
+/// An address on loopback where nothing listens.
+pub async fn dead_address() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    listener.local_addr().expect("addr")
+}
