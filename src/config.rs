@@ -270,8 +270,8 @@ impl Default for SummarizationConfig {
             oversize: defaults::oversize(),
             preserve_recent_skill_count: defaults::preserve_recent_skill_count(),
             preserve_recent_skill_tokens: defaults::preserve_recent_skill_tokens(),
-            preserve_recent_skill_tokens_per_skill: defaults::preserve_recent_skill_tokens_per_skill(
-            ),
+            preserve_recent_skill_tokens_per_skill:
+                defaults::preserve_recent_skill_tokens_per_skill(),
             skill_file_read_tool_names: defaults::skill_file_read_tool_names(),
             skills_container_path: defaults::skills_container_path(),
         }
@@ -493,8 +493,7 @@ impl Config {
                 self.listen
             ));
         }
-        if !self.prefix.starts_with('/') || (self.prefix.len() > 1 && self.prefix.ends_with('/'))
-        {
+        if !self.prefix.starts_with('/') || (self.prefix.len() > 1 && self.prefix.ends_with('/')) {
             problems.push(format!(
                 "prefix: '{}' must start with '/' and not end with '/'",
                 self.prefix
@@ -526,7 +525,9 @@ impl Config {
             }
             for (name, value) in &upstream.headers {
                 if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                    problems.push(format!("{key}.headers: '{name}' is not a valid header name"));
+                    problems.push(format!(
+                        "{key}.headers: '{name}' is not a valid header name"
+                    ));
                 }
                 if http::HeaderValue::from_str(value.expose()).is_err() {
                     problems.push(format!("{key}.headers.{name}: not a valid header value"));
@@ -572,7 +573,9 @@ impl Config {
             validate_size(&key, size, problems);
         }
         if s.enabled && triggers.is_empty() {
-            problems.push("summarization.trigger: at least one trigger is required when enabled".into());
+            problems.push(
+                "summarization.trigger: at least one trigger is required when enabled".into(),
+            );
         }
         validate_size("summarization.keep", &s.keep, problems);
         if s.trim_tokens_to_summarize == Some(0) {
@@ -651,8 +654,8 @@ pub fn expand_vars(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<
                 Some((name, default)) => (name, Some(default)),
                 None => (expr, None),
             };
-            let valid_name = !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let valid_name =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid_name {
                 return Err(format!("'${{{expr}}}' is not a valid variable reference"));
             }
@@ -700,7 +703,9 @@ mod tests {
     #[test]
     fn unknown_key_is_named_with_its_line() {
         let yaml = "upstreams:\n  - name: a\n    base_url: http://x/v1\n    bogus: 1\n";
-        let err = Config::from_yaml_with_env(yaml, &no_env).unwrap_err().to_string();
+        let err = Config::from_yaml_with_env(yaml, &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bogus"), "{err}");
         assert!(err.contains("line 4"), "{err}");
     }
@@ -714,7 +719,9 @@ mod tests {
         assert_eq!(expand_vars("cost $$5", &env).unwrap(), "cost $5");
         assert!(expand_vars("${NOPE}", &env).unwrap_err().contains("NOPE"));
         let yaml = "upstreams:\n  - name: a\n    base_url: http://x/v1\n    api_key: ${MISSING}\n";
-        let err = Config::from_yaml_with_env(yaml, &no_env).unwrap_err().to_string();
+        let err = Config::from_yaml_with_env(yaml, &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("upstreams[0].api_key"), "{err}");
     }
 
@@ -747,7 +754,9 @@ summarization:
   summary_prompt: "no placeholder"
   upstream: ghost
 "#;
-        let err = Config::from_yaml_with_env(yaml, &no_env).unwrap_err().to_string();
+        let err = Config::from_yaml_with_env(yaml, &no_env)
+            .unwrap_err()
+            .to_string();
         for key in [
             "listen:",
             "upstreams[0].base_url",
@@ -764,7 +773,9 @@ summarization:
     #[test]
     fn unknown_trigger_type_is_rejected() {
         let yaml = format!("{MINIMAL}summarization:\n  trigger: [{{type: bananas, value: 3}}]\n");
-        let err = Config::from_yaml_with_env(&yaml, &no_env).unwrap_err().to_string();
+        let err = Config::from_yaml_with_env(&yaml, &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("summarization"), "{err}");
     }
 

@@ -111,7 +111,11 @@ pub fn error_response(
         "error": { "message": message, "type": error_type, "code": code, "param": null }
     });
     let bytes = Bytes::from(body.to_string());
-    let mut response = Response::new(Full::new(bytes).map_err(|never| match never {}).boxed_unsync());
+    let mut response = Response::new(
+        Full::new(bytes)
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(

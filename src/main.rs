@@ -10,10 +10,19 @@ use compactor::proxy::App;
 use compactor::server;
 
 #[derive(Parser)]
-#[command(version, about = "OpenAI-compatible reverse proxy that compacts long conversations")]
+#[command(
+    version,
+    about = "OpenAI-compatible reverse proxy that compacts long conversations"
+)]
 struct Cli {
     /// Path of the configuration file.
-    #[arg(long, short, env = "COMPACTOR_CONFIG", default_value = "proxy.yaml", global = true)]
+    #[arg(
+        long,
+        short,
+        env = "COMPACTOR_CONFIG",
+        default_value = "proxy.yaml",
+        global = true
+    )]
     config: PathBuf,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -44,12 +53,18 @@ fn main() -> ExitCode {
         }
     };
     if let Some(Command::Check) = cli.command {
-        println!("# {} is valid; effective configuration:", cli.config.display());
+        println!(
+            "# {} is valid; effective configuration:",
+            cli.config.display()
+        );
         print!("{}", config.redacted_yaml());
         return ExitCode::SUCCESS;
     }
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("compactor: cannot start the runtime: {e}");

@@ -198,7 +198,9 @@ impl MockHandle {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn gate(state: &MockState, key: &str) -> Arc<Notify> {
@@ -227,9 +229,8 @@ pub async fn start(addr: &str, options: MockOptions) -> std::io::Result<MockHand
             let _ = stream.set_nodelay(true);
             let state = state.clone();
             let options = options.clone();
-            let service = service_fn(move |request| {
-                serve_request(state.clone(), options.clone(), request)
-            });
+            let service =
+                service_fn(move |request| serve_request(state.clone(), options.clone(), request));
             let connection = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
@@ -249,7 +250,9 @@ fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Respo
     );
     *response.status_mut() = status;
     if let Ok(value) = content_type.parse() {
-        response.headers_mut().insert(http::header::CONTENT_TYPE, value);
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, value);
     }
     response
 }
@@ -275,7 +278,13 @@ async fn serve_request(
     let (parts, incoming) = request.into_parts();
     let body = match incoming.collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(_) => return Ok(openai_error(StatusCode::BAD_REQUEST, "unreadable body", None)),
+        Err(_) => {
+            return Ok(openai_error(
+                StatusCode::BAD_REQUEST,
+                "unreadable body",
+                None,
+            ))
+        }
     };
     let path = parts.uri.path().to_string();
     if options.record > 0 {
@@ -371,7 +380,9 @@ async fn serve_request(
     let mode = header_str(headers, "x-mock-mode")
         .and_then(MockMode::parse)
         .unwrap_or(options.mode);
-    let chunks = header_num(headers, "x-mock-chunks").unwrap_or(options.chunks).max(1);
+    let chunks = header_num(headers, "x-mock-chunks")
+        .unwrap_or(options.chunks)
+        .max(1);
     let chunk_delay = header_num(headers, "x-mock-chunk-delay-ms")
         .map(Duration::from_millis)
         .unwrap_or(options.chunk_delay);
@@ -382,7 +393,10 @@ async fn serve_request(
 
     let id = match header_str(headers, "x-mock-id") {
         Some(id) => id.to_string(),
-        None => format!("chatcmpl-mock-{}", state.next_id.fetch_add(1, Ordering::SeqCst)),
+        None => format!(
+            "chatcmpl-mock-{}",
+            state.next_id.fetch_add(1, Ordering::SeqCst)
+        ),
     };
     let model = request
         .get("model")
@@ -393,7 +407,10 @@ async fn serve_request(
     if !first_byte_delay.is_zero() {
         tokio::time::sleep(first_byte_delay).await;
     }
-    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     if !stream {
         let body = completion_json(&id, &model, &reply, &request);
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
@@ -588,7 +605,13 @@ fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-fn stream_events(id: &str, model: &str, reply: &Reply, chunks: usize, include_usage: bool) -> Vec<Bytes> {
+fn stream_events(
+    id: &str,
+    model: &str,
+    reply: &Reply,
+    chunks: usize,
+    include_usage: bool,
+) -> Vec<Bytes> {
     let chunk = |delta: Value, finish: Value| {
         let mut value = json!({
             "id": id, "object": "chat.completion.chunk", "created": CREATED, "model": model,
@@ -659,7 +682,10 @@ fn split_text(text: &str, parts: usize) -> Vec<String> {
 /// OpenAI's structural checks on `messages`; Err carries the message and the `param` path.
 pub fn validate_messages(request: &Value) -> Result<(), (String, String)> {
     let Some(messages) = request.get("messages").and_then(Value::as_array) else {
-        return Err(("Missing required parameter: 'messages'.".into(), "messages".into()));
+        return Err((
+            "Missing required parameter: 'messages'.".into(),
+            "messages".into(),
+        ));
     };
     if messages.is_empty() {
         return Err((
@@ -680,7 +706,10 @@ pub fn validate_messages(request: &Value) -> Result<(), (String, String)> {
             ));
         }
         if role == "tool" {
-            let id = message.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
+            let id = message
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             match pending.iter().position(|p| p == id) {
                 Some(pos) => {
                     pending.remove(pos);
@@ -733,7 +762,10 @@ mod tests {
             {"role": "user", "content": "q2"}]});
         assert!(validate_messages(&ok).is_ok());
         let orphan = json!({"messages": [{"role": "user"}, {"role": "tool", "tool_call_id": "x"}]});
-        assert!(validate_messages(&orphan).unwrap_err().0.contains("preceeding"));
+        assert!(validate_messages(&orphan)
+            .unwrap_err()
+            .0
+            .contains("preceeding"));
         let unanswered = json!({"messages": [
             {"role": "assistant", "tool_calls": [{"id": "a"}]}, {"role": "user"}]});
         assert!(validate_messages(&unanswered).unwrap_err().0.contains("a"));

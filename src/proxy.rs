@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 
 use crate::body::{self, LoggedBody, ProxyBody, RequestLog, UpstreamBody};
-use crate::compaction::engine::{CompactionEngine, Compacted};
+use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::upstream::{strip_hop_by_hop, Upstream, Upstreams};
@@ -170,10 +170,7 @@ fn local_route(app: &App, request: &Request<Incoming>) -> Option<Response<ProxyB
     let (status, text) = match request.uri().path() {
         "/healthz" => (StatusCode::OK, r#"{"status":"ok"}"#),
         "/readyz" if app.ready.load(Ordering::SeqCst) => (StatusCode::OK, r#"{"status":"ready"}"#),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"status":"not_ready"}"#,
-        ),
+        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not_ready"}"#),
         _ => return None,
     };
     let mut response = Response::new(body::full(text));
@@ -200,7 +197,12 @@ fn is_json_post(method: &Method, headers: &HeaderMap) -> bool {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(|v| {
-                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                let mime = v
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase();
                 mime == "application/json" || mime.ends_with("+json")
             })
             .unwrap_or(false)
@@ -290,7 +292,10 @@ mod tests {
 
     #[test]
     fn prefix_matching_respects_segment_boundaries() {
-        assert_eq!(forwarded_path("/v1", "/v1/chat/completions"), Some("/chat/completions"));
+        assert_eq!(
+            forwarded_path("/v1", "/v1/chat/completions"),
+            Some("/chat/completions")
+        );
         assert_eq!(forwarded_path("/v1", "/v1"), Some(""));
         assert_eq!(forwarded_path("/v1", "/v10/models"), None);
         assert_eq!(forwarded_path("/v1", "/other"), None);
@@ -299,7 +304,10 @@ mod tests {
 
     #[test]
     fn model_is_skimmed_including_escaped_strings() {
-        assert_eq!(model_of(br#"{"messages":[],"model":"gpt-4o"}"#).as_deref(), Some("gpt-4o"));
+        assert_eq!(
+            model_of(br#"{"messages":[],"model":"gpt-4o"}"#).as_deref(),
+            Some("gpt-4o")
+        );
         assert_eq!(model_of(br#"{"model":"a\"b"}"#).as_deref(), Some("a\"b"));
         assert_eq!(model_of(b"not json"), None);
         assert_eq!(model_of(br#"{"model":3}"#), None);

@@ -59,7 +59,10 @@ impl Upstream {
             Some(key) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
                     .map_err(|_| {
-                        UpstreamSetupError(format!("{}: api_key is not a valid header", config.name))
+                        UpstreamSetupError(format!(
+                            "{}: api_key is not a valid header",
+                            config.name
+                        ))
                     })?;
                 value.set_sensitive(true);
                 Some(value)
@@ -252,7 +255,10 @@ mod tests {
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_removed() {
         let mut headers = HeaderMap::new();
-        headers.insert("connection", HeaderValue::from_static("keep-alive, x-private"));
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
         headers.insert("x-private", HeaderValue::from_static("1"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));

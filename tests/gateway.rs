@@ -21,9 +21,24 @@ async fn non_stream_round_trip_is_byte_exact_both_ways() {
     // Odd spacing and key order: a re-serialising proxy would change these bytes.
     let body = "{ \"messages\":[{\"content\":\"h\\u00e9llo\",  \"role\":\"user\"}],\n \"model\":\"gpt-4o-mini\", \"zeta\": 1.50 }";
     let headers = [("x-mock-id", "fixed")];
-    let through = roundtrip(&client, json_request(&proxy.url("/v1/chat/completions"), body, &headers)).await;
-    assert_eq!(mock.last_request().expect("upstream saw it").body, Bytes::from(body));
-    let direct = roundtrip(&client, json_request(&format!("{}/chat/completions", mock.base_url()), body, &headers)).await;
+    let through = roundtrip(
+        &client,
+        json_request(&proxy.url("/v1/chat/completions"), body, &headers),
+    )
+    .await;
+    assert_eq!(
+        mock.last_request().expect("upstream saw it").body,
+        Bytes::from(body)
+    );
+    let direct = roundtrip(
+        &client,
+        json_request(
+            &format!("{}/chat/completions", mock.base_url()),
+            body,
+            &headers,
+        ),
+    )
+    .await;
     assert_eq!(through.status, StatusCode::OK);
     assert_eq!(through.body, direct.body);
     assert_eq!(through.headers["content-type"], "application/json");
@@ -34,8 +49,16 @@ async fn sse_stream_is_byte_identical_and_flows_before_upstream_finishes() {
     let (mock, proxy) = gateway().await;
     let client = client();
     let body = chat_body("stream please", true);
-    let headers = [("x-mock-id", "s1"), ("x-mock-chunks", "5"), ("x-mock-gate", "g1")];
-    let response = send(&client, json_request(&proxy.url("/v1/chat/completions"), body.clone(), &headers)).await;
+    let headers = [
+        ("x-mock-id", "s1"),
+        ("x-mock-chunks", "5"),
+        ("x-mock-gate", "g1"),
+    ];
+    let response = send(
+        &client,
+        json_request(&proxy.url("/v1/chat/completions"), body.clone(), &headers),
+    )
+    .await;
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut incoming = response.into_body();
     let first = next_data(&mut incoming).await.expect("first event");
@@ -49,7 +72,15 @@ async fn sse_stream_is_byte_identical_and_flows_before_upstream_finishes() {
         received.extend_from_slice(&data);
     }
     let direct_headers = [("x-mock-id", "s1"), ("x-mock-chunks", "5")];
-    let direct = roundtrip(&client, json_request(&format!("{}/chat/completions", mock.base_url()), body, &direct_headers)).await;
+    let direct = roundtrip(
+        &client,
+        json_request(
+            &format!("{}/chat/completions", mock.base_url()),
+            body,
+            &direct_headers,
+        ),
+    )
+    .await;
     assert_eq!(Bytes::from(received), direct.body);
     assert!(direct.text().ends_with("data: [DONE]\n\n"));
 }
@@ -57,7 +88,15 @@ async fn sse_stream_is_byte_identical_and_flows_before_upstream_finishes() {
 #[tokio::test]
 async fn http2_prior_knowledge_clients_are_served() {
     let (_mock, proxy) = gateway().await;
-    let response = roundtrip(&http2_client(), json_request(&proxy.url("/v1/chat/completions"), chat_body("hi", false), &[])).await;
+    let response = roundtrip(
+        &http2_client(),
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("hi", false),
+            &[],
+        ),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.json()["object"], "chat.completion");
 }
@@ -67,19 +106,31 @@ async fn twenty_megabyte_body_passes_and_one_over_the_limit_gets_413() {
     let (mock, proxy) = gateway().await;
     let client = client();
     let big = chat_body(&"x".repeat(20 * 1024 * 1024), false);
-    let response = roundtrip(&client, json_request(&proxy.url("/v1/chat/completions"), big.clone(), &[])).await;
+    let response = roundtrip(
+        &client,
+        json_request(&proxy.url("/v1/chat/completions"), big.clone(), &[]),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(mock.last_request().expect("seen").body.len(), big.len());
 
     let small_limit = proxy_with_limit(&mock, 1024 * 1024).await;
-    let response = roundtrip(&client, json_request(&small_limit.url("/v1/chat/completions"), big, &[])).await;
+    let response = roundtrip(
+        &client,
+        json_request(&small_limit.url("/v1/chat/completions"), big, &[]),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(response.json()["error"]["code"], "request_too_large");
     assert_eq!(response.headers["x-compactor-error"], "request_too_large");
 }
 
 async fn proxy_with_limit(mock: &MockHandle, limit: u64) -> Proxy {
-    proxy(&config_for(mock, &format!("limits:\n  max_request_body_bytes: {limit}\n"))).await
+    proxy(&config_for(
+        mock,
+        &format!("limits:\n  max_request_body_bytes: {limit}\n"),
+    ))
+    .await
 }
 
 #[tokio::test]
@@ -87,9 +138,13 @@ async fn chunked_body_over_the_limit_gets_413_without_content_length() {
     let mock = echo_mock().await;
     // Compaction reads chat bodies; a chunked request has no content-length, so the limit must
     // hold while reading.
-    let yaml = config_for(&mock, "limits:\n  max_request_body_bytes: 1000\nsummarization:\n  enabled: true\n");
+    let yaml = config_for(
+        &mock,
+        "limits:\n  max_request_body_bytes: 1000\nsummarization:\n  enabled: true\n",
+    );
     let proxy = proxy(&yaml).await;
-    let (mut sender, body) = http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(4);
+    let (mut sender, body) =
+        http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(4);
     let request = Request::post(proxy.url("/v1/chat/completions"))
         .header("content-type", "application/json")
         .body(body)
@@ -98,12 +153,19 @@ async fn chunked_body_over_the_limit_gets_413_without_content_length() {
         .build(hyper_util::client::legacy::connect::HttpConnector::new());
     let feeder = tokio::spawn(async move {
         for _ in 0..10 {
-            if sender.send_data(Bytes::from(vec![b' '; 500])).await.is_err() {
+            if sender
+                .send_data(Bytes::from(vec![b' '; 500]))
+                .await
+                .is_err()
+            {
                 break;
             }
         }
     });
-    let response = tokio::time::timeout(BOUND, client.request(request)).await.expect("bounded").expect("response");
+    let response = tokio::time::timeout(BOUND, client.request(request))
+        .await
+        .expect("bounded")
+        .expect("response");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     feeder.abort();
 }
@@ -111,12 +173,26 @@ async fn chunked_body_over_the_limit_gets_413_without_content_length() {
 #[tokio::test]
 async fn unreachable_upstream_is_502_with_proxy_error() {
     let dead = dead_address().await;
-    let proxy = proxy(&format!("upstreams:\n  - name: dead\n    base_url: http://{dead}/v1\n")).await;
-    let response = roundtrip(&client(), json_request(&proxy.url("/v1/chat/completions"), chat_body("hi", false), &[])).await;
+    let proxy = proxy(&format!(
+        "upstreams:\n  - name: dead\n    base_url: http://{dead}/v1\n"
+    ))
+    .await;
+    let response = roundtrip(
+        &client(),
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("hi", false),
+            &[],
+        ),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::BAD_GATEWAY);
     assert_eq!(response.json()["error"]["code"], "upstream_unreachable");
     assert_eq!(response.json()["error"]["type"], "upstream_error");
-    assert_eq!(response.headers["x-compactor-error"], "upstream_unreachable");
+    assert_eq!(
+        response.headers["x-compactor-error"],
+        "upstream_unreachable"
+    );
 }
 
 #[tokio::test]
@@ -127,7 +203,15 @@ async fn hanging_upstream_is_504() {
         mock.base_url()
     );
     let proxy = proxy(&yaml).await;
-    let response = roundtrip(&client(), json_request(&proxy.url("/v1/chat/completions"), chat_body("hi", false), &[("x-mock-fault", "hang")])).await;
+    let response = roundtrip(
+        &client(),
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("hi", false),
+            &[("x-mock-fault", "hang")],
+        ),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(response.json()["error"]["code"], "upstream_timeout");
 }
@@ -137,8 +221,24 @@ async fn upstream_429_passes_through_verbatim() {
     let (mock, proxy) = gateway().await;
     let client = client();
     let headers = [("x-mock-status", "429")];
-    let through = roundtrip(&client, json_request(&proxy.url("/v1/chat/completions"), chat_body("hi", false), &headers)).await;
-    let direct = roundtrip(&client, json_request(&format!("{}/chat/completions", mock.base_url()), chat_body("hi", false), &headers)).await;
+    let through = roundtrip(
+        &client,
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("hi", false),
+            &headers,
+        ),
+    )
+    .await;
+    let direct = roundtrip(
+        &client,
+        json_request(
+            &format!("{}/chat/completions", mock.base_url()),
+            chat_body("hi", false),
+            &headers,
+        ),
+    )
+    .await;
     assert_eq!(through.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(through.body, direct.body);
     assert_eq!(through.headers["retry-after"], "7");
@@ -163,7 +263,10 @@ async fn hop_by_hop_headers_are_removed_and_the_rest_preserved() {
     let response = roundtrip(&client(), request).await;
     assert_eq!(response.status, StatusCode::OK);
     let seen = mock.last_request().expect("seen");
-    assert_eq!(seen.path_and_query, "/v1/chat/completions?api-version=2024-10-21&x=1");
+    assert_eq!(
+        seen.path_and_query,
+        "/v1/chat/completions?api-version=2024-10-21&x=1"
+    );
     for gone in ["x-hop", "keep-alive", "proxy-authorization", "x-compactor"] {
         assert!(seen.headers.get(gone).is_none(), "{gone} was forwarded");
     }
@@ -181,7 +284,14 @@ async fn upstream_api_key_and_headers_replace_the_clients() {
         mock.base_url()
     );
     let proxy = proxy(&yaml).await;
-    let request = json_request(&proxy.url("/v1/chat/completions"), chat_body("hi", false), &[("authorization", "Bearer client-key"), ("x-tenant", "client")]);
+    let request = json_request(
+        &proxy.url("/v1/chat/completions"),
+        chat_body("hi", false),
+        &[
+            ("authorization", "Bearer client-key"),
+            ("x-tenant", "client"),
+        ],
+    );
     assert_eq!(roundtrip(&client(), request).await.status, StatusCode::OK);
     let seen = mock.last_request().expect("seen");
     assert_eq!(seen.headers["authorization"], "Bearer sk-upstream");
@@ -200,16 +310,40 @@ async fn requests_are_routed_by_model_and_model_less_ones_go_first() {
     let proxy = proxy(&yaml).await;
     let client = client();
     let url = proxy.url("/v1/chat/completions");
-    let body = |model: &str| serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    assert_eq!(roundtrip(&client, json_request(&url, body("claude-sonnet-4"), &[])).await.status, StatusCode::OK);
-    assert_eq!(roundtrip(&client, json_request(&url, body("gpt-4o"), &[])).await.status, StatusCode::OK);
-    assert_eq!(roundtrip(&client, json_request(&url, body("o3-mini"), &[])).await.status, StatusCode::OK);
+    let body = |model: &str| {
+        serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+    };
+    assert_eq!(
+        roundtrip(&client, json_request(&url, body("claude-sonnet-4"), &[]))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        roundtrip(&client, json_request(&url, body("gpt-4o"), &[]))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        roundtrip(&client, json_request(&url, body("o3-mini"), &[]))
+            .await
+            .status,
+        StatusCode::OK
+    );
     assert_eq!(claude.requests().len(), 1);
     assert_eq!(gpt.requests().len(), 2);
     let unknown = roundtrip(&client, json_request(&url, body("llama-3"), &[])).await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert_eq!(unknown.json()["error"]["code"], "model_not_found");
-    let models = roundtrip(&client, Request::get(proxy.url("/v1/models")).body(Full::new(Bytes::new())).expect("req")).await;
+    let models = roundtrip(
+        &client,
+        Request::get(proxy.url("/v1/models"))
+            .body(Full::new(Bytes::new()))
+            .expect("req"),
+    )
+    .await;
     assert_eq!(models.status, StatusCode::OK);
     assert_eq!(claude.requests().len(), 2);
 }
@@ -220,21 +354,42 @@ async fn client_disconnect_mid_stream_closes_the_upstream_stream() {
     let proxy = proxy(&config_for(&mock, "")).await;
     let client = client();
     let headers = [("x-mock-chunks", "100000"), ("x-mock-chunk-delay-ms", "1")];
-    let response = send(&client, json_request(&proxy.url("/v1/chat/completions"), chat_body("go", true), &headers)).await;
+    let response = send(
+        &client,
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("go", true),
+            &headers,
+        ),
+    )
+    .await;
     let mut incoming = response.into_body();
     assert!(next_data(&mut incoming).await.is_some());
     drop(incoming);
     drop(client);
-    assert!(mock.wait_stream_aborted(BOUND).await, "upstream stream was not closed");
+    assert!(
+        mock.wait_stream_aborted(BOUND).await,
+        "upstream stream was not closed"
+    );
 }
 
 #[tokio::test]
 async fn local_routes_and_unknown_paths() {
     let (_mock, proxy) = gateway().await;
     let client = client();
-    let get = |path: &str| Request::get(proxy.url(path)).body(Full::new(Bytes::new())).expect("req");
-    assert_eq!(roundtrip(&client, get("/healthz")).await.status, StatusCode::OK);
-    assert_eq!(roundtrip(&client, get("/readyz")).await.status, StatusCode::OK);
+    let get = |path: &str| {
+        Request::get(proxy.url(path))
+            .body(Full::new(Bytes::new()))
+            .expect("req")
+    };
+    assert_eq!(
+        roundtrip(&client, get("/healthz")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        roundtrip(&client, get("/readyz")).await.status,
+        StatusCode::OK
+    );
     let missing = roundtrip(&client, get("/nowhere")).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert_eq!(missing.json()["error"]["type"], "invalid_request_error");
@@ -247,7 +402,15 @@ async fn graceful_shutdown_lets_an_open_stream_finish() {
     let proxy = proxy(&config_for(&mock, "")).await;
     let client = client();
     let headers = [("x-mock-chunks", "4"), ("x-mock-gate", "shutdown")];
-    let response = send(&client, json_request(&proxy.url("/v1/chat/completions"), chat_body("go", true), &headers)).await;
+    let response = send(
+        &client,
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("go", true),
+            &headers,
+        ),
+    )
+    .await;
     let mut incoming = response.into_body();
     assert!(next_data(&mut incoming).await.is_some());
     let addr = proxy.addr;
@@ -261,12 +424,17 @@ async fn graceful_shutdown_lets_an_open_stream_finish() {
             tokio::task::yield_now().await;
         }
     };
-    tokio::time::timeout(BOUND, refused).await.expect("listener closes");
+    tokio::time::timeout(BOUND, refused)
+        .await
+        .expect("listener closes");
     mock.open_gate("shutdown");
     let mut rest = Vec::new();
     while let Some(data) = next_data(&mut incoming).await {
         rest.extend_from_slice(&data);
     }
     assert!(String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"));
-    assert!(shutting_down.await.expect("join"), "shutdown did not finish in its grace period");
+    assert!(
+        shutting_down.await.expect("join"),
+        "shutdown did not finish in its grace period"
+    );
 }

@@ -45,7 +45,10 @@ fn main() -> std::process::ExitCode {
         validate: !cli.no_validate,
         record: cli.record,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("mock-upstream: {e}");

@@ -66,8 +66,17 @@ impl Outcome {
     }
 
     pub fn write_headers(&self, headers: &mut HeaderMap) {
-        headers.insert("x-compactor-compaction", HeaderValue::from_static(self.label()));
-        headers.insert("x-compactor-tokens-before", HeaderValue::from(self.tokens_before));
-        headers.insert("x-compactor-tokens-after", HeaderValue::from(self.tokens_after));
+        headers.insert(
+            "x-compactor-compaction",
+            HeaderValue::from_static(self.label()),
+        );
+        headers.insert(
+            "x-compactor-tokens-before",
+            HeaderValue::from(self.tokens_before),
+        );
+        headers.insert(
+            "x-compactor-tokens-after",
+            HeaderValue::from(self.tokens_after),
+        );
     }
 }

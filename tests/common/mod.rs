@@ -114,12 +114,18 @@ pub fn http2_client() -> RawClient {
         .build(HttpConnector::new())
 }
 
-pub fn json_request(url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+pub fn json_request(
+    url: &str,
+    body: impl Into<Bytes>,
+    headers: &[(&str, &str)],
+) -> Request<Full<Bytes>> {
     let mut builder = Request::post(url).header("content-type", "application/json");
     for (name, value) in headers {
         builder = builder.header(*name, *value);
     }
-    builder.body(Full::new(body.into())).expect("request builds")
+    builder
+        .body(Full::new(body.into()))
+        .expect("request builds")
 }
 
 pub async fn send(client: &RawClient, request: Request<Full<Bytes>>) -> Response<Incoming> {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Starts the mock upstream and compactor in front of it, then shows requests going through:
+# a plain chat, a stream, and a long conversation being compacted (summarized, then reused on
+# the next turn, then re-summarized once it has grown past the trigger again).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --quiet --release --bins
+bin=target/release
+work=$(mktemp -d)
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+start() { # name, args... ; prints the URL the process announced
+  local name=$1; shift
+  "$@" > "$work/$name.out" 2> "$work/$name.log" &
+  pids+=($!)
+  for _ in $(seq 1 100); do
+    if grep -q "listening on" "$work/$name.out" 2>/dev/null; then
+      grep -o 'http://[0-9.:]*' "$work/$name.out" | head -1; return
+    fi
+    sleep 0.1
+  done
+  echo "$name did not start" >&2; cat "$work/$name.log" >&2; exit 1
+}
+
+upstream=$(start mock "$bin/mock-upstream" --chunks 4)
+summarizer=$(start summarizer "$bin/mock-upstream" --mode summarizer)
+cat > "$work/proxy.yaml" <<YAML
+listen: 127.0.0.1:0
+upstreams:
+  - name: mock
+    base_url: $upstream/v1
+  - name: summarizer
+    base_url: $summarizer/v1
+    models: ["summarizer-*"]
+summarization:
+  enabled: true
+  upstream: summarizer
+  model_name: summarizer-small
+  trigger: [{type: messages, value: 12}]
+  keep: {type: messages, value: 4}
+  headroom: null
+YAML
+proxy=$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
+echo "mock upstream: $upstream   compactor: $proxy"
+
+echo; echo "== a chat request through compactor"
+curl -sS "$proxy/v1/chat/completions" -H 'content-type: application/json' \
+  -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello!"}]}'
+echo; echo; echo "== a streamed reply, byte for byte"
+curl -sS -N "$proxy/v1/chat/completions" -H 'content-type: application/json' \
+  -d '{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'
+
+conversation() { # number of user/assistant exchanges, then the final question
+  python3 - "$1" <<'PY'
+import json, sys
+n = int(sys.argv[1])
+messages = [{"role": "system", "content": "You are a helpful assistant."}]
+for i in range(n):
+    messages.append({"role": "user", "content": f"Question {i}: tell me about topic {i}."})
+    messages.append({"role": "assistant", "content": f"Answer {i}: topic {i} is interesting."})
+messages.append({"role": "user", "content": "And what next?"})
+print(json.dumps({"model": "gpt-4o-mini", "stream": True, "messages": messages}))
+PY
+}
+for turns in 6 7 9; do
+  echo; echo "== a conversation of $((turns * 2 + 2)) messages (trigger: 12 messages)"
+  conversation "$turns" > "$work/body.json"
+  curl -sS -N -D "$work/headers" "$proxy/v1/chat/completions" -H 'content-type: application/json' \
+    --data-binary @"$work/body.json" | head -c 400
+  echo; grep -i '^x-compactor' "$work/headers" || true
+done
+echo; echo "== compactor's log"
+cat "$work/compactor.log"

@@ -1,0 +1,138 @@
+//! Black-box tests of the real `compactor` binary: `check`, and SIGTERM during a stream.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::*;
+use compactor::mock_upstream::MockOptions;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_compactor");
+
+fn write_config(text: &str) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    file.write_all(text.as_bytes()).expect("write config");
+    file
+}
+
+#[tokio::test]
+async fn check_accepts_a_good_config_and_redacts_secrets() {
+    let file = write_config(
+        "upstreams:\n  - name: openai\n    base_url: https://api.openai.com/v1\n    api_key: ${TEST_KEY}\n",
+    );
+    let output = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(file.path())
+        .env("TEST_KEY", "sk-secret-value")
+        .output()
+        .await
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("base_url: https://api.openai.com/v1"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("sk-secret-value"), "{stdout}");
+}
+
+#[tokio::test]
+async fn check_rejects_a_bad_config_with_exit_2_naming_the_key() {
+    let file = write_config(
+        "upstreams:\n  - name: openai\n    base_url: https://api.openai.com/v1\nsummarization:\n  trigger: [{type: fraction, value: 0}]\n",
+    );
+    let output = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(file.path())
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("summarization.trigger[0]"), "{stderr}");
+
+    let file = write_config("upstreams:\n  - name: a\n    base_url: http://x/v1\n    api_kye: k\n");
+    let output = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(file.path())
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("api_kye") && stderr.contains("line 4"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_during_a_stream_lets_it_finish_then_exits_zero() {
+    let mock = mock(MockOptions::default()).await;
+    let file = write_config(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n",
+        mock.base_url()
+    ));
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(file.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("compactor starts");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(BOUND, stdout.next_line())
+        .await
+        .expect("announces in time")
+        .expect("reads stdout")
+        .expect("a line");
+    let addr = line.rsplit("http://").next().expect("address").to_string();
+
+    let client = client();
+    let headers = [("x-mock-chunks", "4"), ("x-mock-gate", "term")];
+    let url = format!("http://{addr}/v1/chat/completions");
+    let response = send(&client, json_request(&url, chat_body("go", true), &headers)).await;
+    let mut body = response.into_body();
+    assert!(next_data(&mut body).await.is_some());
+
+    let pid = child.id().expect("pid").to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill runs");
+    assert!(killed.success());
+    // Wait until compactor says it is draining, so the stream really finishes during shutdown.
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let draining = async {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            if line.contains("shutting down") {
+                return true;
+            }
+        }
+        false
+    };
+    assert!(tokio::time::timeout(BOUND, draining)
+        .await
+        .expect("drains in time"));
+    tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+
+    mock.open_gate("term");
+    let mut rest = Vec::new();
+    while let Some(data) = next_data(&mut body).await {
+        rest.extend_from_slice(&data);
+    }
+    assert!(String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"));
+    drop(body);
+    drop(client);
+    let status = tokio::time::timeout(BOUND, child.wait())
+        .await
+        .expect("exits in time")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+}

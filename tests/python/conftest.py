@@ -1,0 +1,74 @@
+"""Starts the real mock-upstream and compactor binaries on ephemeral loopback ports."""
+
+import os
+import subprocess
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN_DIR = Path(os.environ.get("COMPACTOR_BIN_DIR", ROOT / "target" / "debug"))
+START_TIMEOUT_S = 20
+
+
+class Process:
+    def __init__(self, args, env=None):
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        # The first stdout line is "<name> listening on http://HOST:PORT".
+        line = self.proc.stdout.readline()
+        if "listening on http://" not in line:
+            self.stop()
+            raise RuntimeError(f"{args[0]} did not start: {line!r}")
+        self.url = line.strip().rsplit(" ", 1)[-1]
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_compactor(upstream_url, summarization="", extra=""):
+    """Starts compactor in front of `upstream_url` with optional YAML blocks."""
+    config = textwrap.dedent(
+        f"""\
+        listen: 127.0.0.1:0
+        upstreams:
+          - name: mock
+            base_url: {upstream_url}/v1
+        """
+    ) + extra + summarization
+    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    handle.write(config)
+    handle.close()
+    process = Process([str(BIN_DIR / "compactor"), "--config", handle.name], env={"RUST_LOG": "warn"})
+    process.config_path = handle.name
+    return process
+
+
+@pytest.fixture(scope="session")
+def mock_upstream():
+    process = Process([str(BIN_DIR / "mock-upstream"), "--listen", "127.0.0.1:0", "--chunks", "6"])
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def compactor(mock_upstream):
+    process = start_compactor(mock_upstream.url)
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def base_url(compactor):
+    return compactor.url + "/v1"
