@@ -728,7 +728,7 @@ mod tests {
     #[test]
     fn secrets_are_redacted_in_check_output_and_debug() {
         let env = |_: &str| Some("sk-very-secret".to_string());
-        let yaml = "upstreams:\n  - name: a\n    base_url: http://x/v1\n    api_key: ${K}\n    headers: {x-api-key: ${K}}\n";
+        let yaml = "upstreams:\n  - name: a\n    base_url: http://x/v1\n    api_key: ${K}\n    headers:\n      x-api-key: ${K}\n";
         let config = Config::from_yaml_with_env(yaml, &env).unwrap();
         assert_eq!(
             config.upstreams[0].api_key.as_ref().unwrap().expose(),

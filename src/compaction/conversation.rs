@@ -1,0 +1,385 @@
+//! The OpenAI chat format as compaction sees it: a borrowed view over the request bytes.
+//!
+//! Messages stay `&RawValue` slices of the original body, so a kept message is forwarded byte
+//! for byte (unknown fields included) and nothing is copied that is not needed. Only the fields
+//! that planning reads are parsed: role, name, content (as raw JSON), tool calls, tool_call_id.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::tokens::{json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Function,
+    Other,
+}
+
+impl Role {
+    fn parse(role: &str) -> Role {
+        match role {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            "function" => Role::Function,
+            _ => Role::Other,
+        }
+    }
+
+    pub fn is_instruction(self) -> bool {
+        matches!(self, Role::System | Role::Developer)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct RequestView<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    messages: &'a RawValue,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    functions: Option<&'a RawValue>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageView<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    refusal: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    function_call: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_call_id: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolCallView<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<FunctionView<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionView<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Clone)]
+pub struct ToolCall<'a> {
+    pub id: Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    pub arguments: Cow<'a, str>,
+}
+
+/// One message: its original bytes plus what planning needs.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub raw: &'a RawValue,
+    pub role: Role,
+    pub role_text: Cow<'a, str>,
+    pub name: Option<Cow<'a, str>>,
+    pub content: Option<&'a RawValue>,
+    pub refusal: Option<&'a RawValue>,
+    pub tool_calls: Vec<ToolCall<'a>>,
+    tool_calls_raw: Option<&'a RawValue>,
+    function_call: Option<&'a RawValue>,
+    pub tool_call_id: Option<Cow<'a, str>>,
+}
+
+/// A parsed chat-completions request: the messages, and where they sit in the body.
+#[derive(Debug)]
+pub struct Conversation<'a> {
+    pub body: &'a [u8],
+    pub model: Option<Cow<'a, str>>,
+    pub messages: Vec<Message<'a>>,
+    /// Byte range of the `messages` array in `body` (replaced by a rewrite, nothing else is).
+    pub messages_span: std::ops::Range<usize>,
+    tools: Option<&'a RawValue>,
+    functions: Option<&'a RawValue>,
+    /// Tokens the caller reserved for the answer (`max_completion_tokens`, else `max_tokens`).
+    pub output_reserve: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseError {
+    #[error("body is not a chat-completions JSON object with a messages array: {0}")]
+    NotChat(String),
+    #[error("message {0} is not an object with a role: {1}")]
+    BadMessage(usize, String),
+}
+
+impl<'a> Conversation<'a> {
+    pub fn parse(body: &'a [u8]) -> Result<Conversation<'a>, ParseError> {
+        let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
+        let view: RequestView<'a> =
+            serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
+        let raw_messages: Vec<&'a RawValue> = serde_json::from_str(view.messages.get())
+            .map_err(|e| ParseError::NotChat(format!("messages: {e}")))?;
+        let start = offset_in(text, view.messages.get());
+        let messages_span = start..start + view.messages.get().len();
+        let messages = raw_messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, raw)| Message::parse(raw).map_err(|e| ParseError::BadMessage(i, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Conversation {
+            body,
+            model: view.model,
+            messages,
+            messages_span,
+            tools: view.tools,
+            functions: view.functions,
+            output_reserve: view
+                .max_completion_tokens
+                .or(view.max_tokens)
+                .unwrap_or(0),
+        })
+    }
+
+    /// Tokens of the tool/function schemas sent with every request.
+    pub fn schema_tokens(&self, model: &TokenModel) -> u64 {
+        let chars = [self.tools, self.functions]
+            .into_iter()
+            .flatten()
+            .filter(|raw| raw.get() != "null")
+            .map(|raw| raw.get().chars().count() as u64)
+            .sum();
+        model.tokens(CharCount {
+            narrow: chars,
+            wide: 0,
+        })
+    }
+
+    /// Estimated tokens of each message.
+    pub fn message_tokens(&self, model: &TokenModel) -> Vec<u64> {
+        self.messages.iter().map(|m| m.tokens(model)).collect()
+    }
+}
+
+/// Byte offset of `inner` (a subslice of `outer`) within `outer`.
+fn offset_in(outer: &str, inner: &str) -> usize {
+    (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize)
+}
+
+impl<'a> Message<'a> {
+    pub fn parse(raw: &'a RawValue) -> Result<Message<'a>, String> {
+        let view: MessageView<'a> = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
+        let tool_calls_raw = view.tool_calls.filter(|r| r.get() != "null");
+        let tool_calls = match tool_calls_raw {
+            Some(raw_calls) => {
+                let calls: Vec<ToolCallView<'a>> =
+                    serde_json::from_str(raw_calls.get()).map_err(|e| format!("tool_calls: {e}"))?;
+                calls
+                    .into_iter()
+                    .map(|call| {
+                        let (name, arguments) = match call.function {
+                            Some(f) => (
+                                f.name.unwrap_or(Cow::Borrowed("")),
+                                f.arguments.unwrap_or(Cow::Borrowed("")),
+                            ),
+                            None => (Cow::Borrowed(""), Cow::Borrowed("")),
+                        };
+                        ToolCall {
+                            id: call.id.unwrap_or(Cow::Borrowed("")),
+                            name,
+                            arguments,
+                        }
+                    })
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        Ok(Message {
+            raw,
+            role: Role::parse(&view.role),
+            role_text: view.role,
+            name: view.name,
+            content: view.content.filter(|r| r.get() != "null"),
+            refusal: view.refusal.filter(|r| r.get() != "null"),
+            tool_calls,
+            tool_calls_raw,
+            function_call: view.function_call.filter(|r| r.get() != "null"),
+            tool_call_id: view.tool_call_id,
+        })
+    }
+
+    pub fn has_tool_calls(&self) -> bool {
+        self.role == Role::Assistant && !self.tool_calls.is_empty()
+    }
+
+    /// The estimate of DESIGN.md §2.1 for this message.
+    pub fn tokens(&self, model: &TokenModel) -> u64 {
+        let mut chars = CharCount::of_str(&self.role_text);
+        if let Some(name) = &self.name {
+            chars.add(CharCount::of_str(name));
+        }
+        let mut images = 0u64;
+        if let Some(content) = self.content {
+            content_chars(content, &mut chars, &mut images);
+        }
+        if let Some(refusal) = self.refusal {
+            content_chars(refusal, &mut chars, &mut images);
+        }
+        for raw in [self.tool_calls_raw, self.function_call].into_iter().flatten() {
+            chars.add(CharCount::of_str(raw.get()));
+        }
+        if let Some(id) = &self.tool_call_id {
+            chars.add(CharCount::of_str(id));
+        }
+        model.tokens(chars) + images * model.image_tokens + PER_MESSAGE_OVERHEAD
+    }
+
+    /// The message's text content (string content, or its text parts joined).
+    pub fn text(&self) -> String {
+        let Some(content) = self.content else {
+            return String::new();
+        };
+        match serde_json::from_str::<Cow<'_, str>>(content.get()) {
+            Ok(text) => text.into_owned(),
+            Err(_) => {
+                let parts: Vec<serde_json::Value> =
+                    serde_json::from_str(content.get()).unwrap_or_default();
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct PartView<'a> {
+    #[serde(borrow, rename = "type", default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    refusal: Option<&'a RawValue>,
+}
+
+/// Adds the characters of a content value: a string, or an array of parts (text counted,
+/// images flat, anything else by its JSON size so nothing is free).
+fn content_chars(raw: &RawValue, chars: &mut CharCount, images: &mut u64) {
+    let text = raw.get();
+    if text.starts_with('"') {
+        chars.add(json_string_chars(text));
+        return;
+    }
+    let Ok(parts) = serde_json::from_str::<Vec<&RawValue>>(text) else {
+        chars.add(CharCount::of_str(text));
+        return;
+    };
+    for part in parts {
+        match serde_json::from_str::<PartView>(part.get()) {
+            Ok(view) => match (view.kind.as_deref(), view.text, view.refusal) {
+                (Some("image_url") | Some("image"), _, _) => *images += 1,
+                (_, Some(text), _) if text.get().starts_with('"') => {
+                    chars.add(json_string_chars(text.get()))
+                }
+                (Some("refusal"), _, Some(refusal)) if refusal.get().starts_with('"') => {
+                    chars.add(json_string_chars(refusal.get()))
+                }
+                _ => chars.add(CharCount::of_str(part.get())),
+            },
+            Err(_) if part.get().starts_with('"') => chars.add(json_string_chars(part.get())),
+            Err(_) => chars.add(CharCount::of_str(part.get())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens_of(message: serde_json::Value, cpt: f64) -> u64 {
+        let raw = serde_json::to_string(&message).unwrap();
+        let raw: Box<RawValue> = RawValue::from_string(raw).unwrap();
+        let model = TokenModel {
+            chars_per_token: cpt,
+            ..TokenModel::default()
+        };
+        Message::parse(&raw).unwrap().tokens(&model)
+    }
+
+    #[test]
+    fn token_vectors_from_the_issue() {
+        use serde_json::json;
+        assert_eq!(tokens_of(json!({"role": "user", "content": "Hello"}), 4.0), 6);
+        assert_eq!(tokens_of(json!({"role": "assistant", "content": "Hi"}), 4.0), 6);
+        assert_eq!(tokens_of(json!({"role": "system", "content": "You are helpful."}), 4.0), 9);
+        assert_eq!(tokens_of(json!({"role": "user", "content": ""}), 4.0), 4);
+        assert_eq!(tokens_of(json!({"role": "user", "content": "Hello", "name": "alice"}), 4.0), 7);
+        assert_eq!(
+            tokens_of(json!({"role": "tool", "content": "72F and sunny", "tool_call_id": "call_123"}), 4.0),
+            10
+        );
+        assert_eq!(
+            tokens_of(json!({"role": "user", "content": [
+                {"type": "text", "text": "What is in this image?"},
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}), 4.0),
+            95
+        );
+        assert_eq!(tokens_of(json!({"role": "user", "content": "a".repeat(12)}), 4.0), 7);
+        assert_eq!(tokens_of(json!({"role": "user", "content": "a".repeat(12)}), 3.3), 8);
+        assert_eq!(tokens_of(json!({"role": "user", "content": "你好世界".repeat(25)}), 4.0), 104);
+    }
+
+    #[test]
+    fn parses_without_copying_and_finds_the_messages_span() {
+        let body = br#"{"model":"gpt-4o", "messages" : [{"role":"user","content":"hi","x_unknown":{"a":1}}], "temperature":0.2}"#;
+        let conversation = Conversation::parse(body).unwrap();
+        assert_eq!(conversation.model.as_deref(), Some("gpt-4o"));
+        let span = &body[conversation.messages_span.clone()];
+        assert_eq!(span, br#"[{"role":"user","content":"hi","x_unknown":{"a":1}}]"#);
+        assert_eq!(conversation.messages[0].raw.get(), r#"{"role":"user","content":"hi","x_unknown":{"a":1}}"#);
+    }
+
+    #[test]
+    fn rejects_non_chat_bodies() {
+        assert!(Conversation::parse(b"nope").is_err());
+        assert!(Conversation::parse(br#"{"model":"x"}"#).is_err());
+        assert!(Conversation::parse(br#"{"messages":{}}"#).is_err());
+        assert!(Conversation::parse(br#"{"messages":[{"content":"no role"}]}"#).is_err());
+        assert!(Conversation::parse(br#"{"messages":[1]}"#).is_err());
+    }
+
+    #[test]
+    fn tool_calls_and_legacy_fields_are_read() {
+        let body = br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}],"max_tokens":50,"max_completion_tokens":70}"#;
+        let conversation = Conversation::parse(body).unwrap();
+        let call = &conversation.messages[0].tool_calls[0];
+        assert_eq!((call.id.as_ref(), call.name.as_ref(), call.arguments.as_ref()), ("c1", "f", "{\"a\":1}"));
+        assert!(conversation.messages[0].has_tool_calls());
+        assert_eq!(conversation.messages[1].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(conversation.output_reserve, 70);
+    }
+}

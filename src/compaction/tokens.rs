@@ -1,0 +1,250 @@
+//! The token estimate (DESIGN.md §2.1): per message `ceil(narrow chars / cpt) + wide chars + 3`,
+//! where chars = role + name + text parts + `tool_calls` JSON + `tool_call_id`; image parts a
+//! flat 85 (configurable); CJK and other wide characters one token each; plus the request's
+//! `tools` schemas. Counting works on the raw JSON text, so no message content is copied.
+
+use wildmatch::WildMatch;
+
+use crate::config::ModelConfig;
+
+/// Tokens added per message for the role/separator framing.
+pub const PER_MESSAGE_OVERHEAD: u64 = 3;
+pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
+pub const CLAUDE_CHARS_PER_TOKEN: f64 = 3.3;
+pub const DEFAULT_IMAGE_TOKENS: u64 = 85;
+
+/// How one model's text turns into tokens, and its window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenModel {
+    pub chars_per_token: f64,
+    pub image_tokens: u64,
+    pub max_input_tokens: Option<u64>,
+}
+
+impl Default for TokenModel {
+    fn default() -> Self {
+        TokenModel {
+            chars_per_token: DEFAULT_CHARS_PER_TOKEN,
+            image_tokens: DEFAULT_IMAGE_TOKENS,
+            max_input_tokens: None,
+        }
+    }
+}
+
+/// The `models:` table, matched in order; built-in fallbacks after it.
+#[derive(Debug, Clone, Default)]
+pub struct ModelTable {
+    entries: Vec<(WildMatch, ModelConfig)>,
+}
+
+impl ModelTable {
+    pub fn new(models: &[ModelConfig]) -> ModelTable {
+        ModelTable {
+            entries: models
+                .iter()
+                .map(|m| (WildMatch::new(&m.pattern), m.clone()))
+                .collect(),
+        }
+    }
+
+    pub fn lookup(&self, model: Option<&str>) -> TokenModel {
+        let model = model.unwrap_or("");
+        let builtin_cpt = if model.starts_with("claude") {
+            CLAUDE_CHARS_PER_TOKEN
+        } else {
+            DEFAULT_CHARS_PER_TOKEN
+        };
+        match self.entries.iter().find(|(glob, _)| glob.matches(model)) {
+            Some((_, entry)) => TokenModel {
+                chars_per_token: entry.chars_per_token.unwrap_or(builtin_cpt),
+                image_tokens: entry.image_tokens.unwrap_or(DEFAULT_IMAGE_TOKENS),
+                max_input_tokens: entry.max_input_tokens,
+            },
+            None => TokenModel {
+                chars_per_token: builtin_cpt,
+                ..TokenModel::default()
+            },
+        }
+    }
+}
+
+/// Characters of some text, split into narrow ones (divided by chars-per-token) and wide ones
+/// (one token each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CharCount {
+    pub narrow: u64,
+    pub wide: u64,
+}
+
+impl CharCount {
+    pub fn add(&mut self, other: CharCount) {
+        self.narrow += other.narrow;
+        self.wide += other.wide;
+    }
+
+    pub fn of_str(text: &str) -> CharCount {
+        let mut count = CharCount::default();
+        for c in text.chars() {
+            count.push(c);
+        }
+        count
+    }
+
+    fn push(&mut self, c: char) {
+        if is_wide(c) {
+            self.wide += 1;
+        } else {
+            self.narrow += 1;
+        }
+    }
+}
+
+impl TokenModel {
+    /// `ceil(narrow / cpt) + wide`.
+    pub fn tokens(&self, chars: CharCount) -> u64 {
+        let narrow = (chars.narrow as f64 / self.chars_per_token).ceil() as u64;
+        narrow + chars.wide
+    }
+}
+
+/// Characters a tokenizer usually spends a whole token (or more) on: CJK ideographs, kana,
+/// hangul and fullwidth forms. Counting them at 4 per token undercounts 3–6×.
+pub fn is_wide(c: char) -> bool {
+    matches!(c as u32,
+        0x1100..=0x115F
+        | 0x2E80..=0x303E
+        | 0x3041..=0x33FF
+        | 0x3400..=0x4DBF
+        | 0x4E00..=0x9FFF
+        | 0xA000..=0xA4CF
+        | 0xAC00..=0xD7A3
+        | 0xF900..=0xFAFF
+        | 0xFE30..=0xFE4F
+        | 0xFF00..=0xFF60
+        | 0xFFE0..=0xFFE6
+        | 0x20000..=0x2FFFD
+        | 0x30000..=0x3FFFD)
+}
+
+/// Counts the characters of a JSON string literal's *decoded* text straight from its raw form
+/// (with the quotes), without allocating: `\n` is one character, `\u4f60` is one wide one.
+pub fn json_string_chars(raw: &str) -> CharCount {
+    let inner = raw
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(raw);
+    let bytes = inner.as_bytes();
+    let mut count = CharCount::default();
+    let mut i = 0;
+    // Fast path: runs of plain ASCII are counted in bulk.
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'\\' {
+            match bytes.get(i + 1) {
+                Some(b'u') => {
+                    let code = inner
+                        .get(i + 2..i + 6)
+                        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+                        .unwrap_or(0);
+                    i += 6;
+                    // A low surrogate completes a pair already counted at its high half.
+                    if (0xDC00..=0xDFFF).contains(&code) {
+                        continue;
+                    }
+                    if (0xD800..=0xDBFF).contains(&code) {
+                        // Supplementary planes: decode the pair when it is there.
+                        let low = inner
+                            .get(i + 2..i + 6)
+                            .filter(|_| inner.as_bytes().get(i) == Some(&b'\\'))
+                            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+                            .filter(|low| (0xDC00..=0xDFFF).contains(low));
+                        let c = low
+                            .map(|low| 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00))
+                            .and_then(char::from_u32)
+                            .unwrap_or('?');
+                        count.push(c);
+                    } else {
+                        count.push(char::from_u32(code).unwrap_or('?'));
+                    }
+                }
+                Some(_) => {
+                    count.narrow += 1;
+                    i += 2;
+                }
+                None => i += 1,
+            }
+        } else if b < 0x80 {
+            let start = i;
+            while i < bytes.len() && bytes[i] < 0x80 && bytes[i] != b'\\' {
+                i += 1;
+            }
+            count.narrow += (i - start) as u64;
+        } else {
+            let width = utf8_width(b);
+            let c = inner
+                .get(i..i + width)
+                .and_then(|s| s.chars().next())
+                .unwrap_or('?');
+            count.push(c);
+            i += width.max(1);
+        }
+    }
+    count
+}
+
+fn utf8_width(lead: u8) -> usize {
+    match lead {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF7 => 4,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_string_chars_decodes_escapes_without_copying() {
+        assert_eq!(json_string_chars(r#""Hello""#), CharCount { narrow: 5, wide: 0 });
+        assert_eq!(json_string_chars(r#""a\nb\"c""#), CharCount { narrow: 5, wide: 0 });
+        assert_eq!(json_string_chars(r#""\u4f60\u597d""#), CharCount { narrow: 0, wide: 2 });
+        assert_eq!(json_string_chars("\"你好x\""), CharCount { narrow: 1, wide: 2 });
+        assert_eq!(json_string_chars(r#""\ud83d\ude00""#), CharCount { narrow: 1, wide: 0 });
+        assert_eq!(json_string_chars("\"é😀\""), CharCount { narrow: 2, wide: 0 });
+        assert_eq!(json_string_chars(r#""""#), CharCount::default());
+    }
+
+    #[test]
+    fn escaped_and_plain_forms_count_alike() {
+        for text in ["plain", "tab\there", "quote \" and \\ slash", "日本語のテキスト", "emoji 😀 mix 한국어"] {
+            let raw = serde_json::to_string(text).unwrap();
+            assert_eq!(json_string_chars(&raw), CharCount::of_str(text), "{text}");
+            let ascii_escaped = raw
+                .chars()
+                .map(|c| if c.is_ascii() { c.to_string() } else {
+                    let mut buf = [0u16; 2];
+                    c.encode_utf16(&mut buf).iter().map(|u| format!("\\u{u:04x}")).collect()
+                })
+                .collect::<String>();
+            assert_eq!(json_string_chars(&ascii_escaped), CharCount::of_str(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn model_table_uses_builtin_claude_ratio_and_configured_windows() {
+        let table = ModelTable::new(&[ModelConfig {
+            pattern: "gpt-4o*".into(),
+            max_input_tokens: Some(128_000),
+            chars_per_token: None,
+            image_tokens: Some(170),
+        }]);
+        let gpt = table.lookup(Some("gpt-4o-mini"));
+        assert_eq!(gpt.max_input_tokens, Some(128_000));
+        assert_eq!(gpt.image_tokens, 170);
+        assert_eq!(gpt.chars_per_token, 4.0);
+        assert_eq!(table.lookup(Some("claude-3-5-haiku")).chars_per_token, 3.3);
+        assert_eq!(table.lookup(None).max_input_tokens, None);
+    }
+}
