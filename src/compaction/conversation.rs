@@ -156,10 +156,7 @@ impl<'a> Conversation<'a> {
             messages_span,
             tools: view.tools,
             functions: view.functions,
-            output_reserve: view
-                .max_completion_tokens
-                .or(view.max_tokens)
-                .unwrap_or(0),
+            output_reserve: view.max_completion_tokens.or(view.max_tokens).unwrap_or(0),
         })
     }
 
@@ -194,8 +191,8 @@ impl<'a> Message<'a> {
         let tool_calls_raw = view.tool_calls.filter(|r| r.get() != "null");
         let tool_calls = match tool_calls_raw {
             Some(raw_calls) => {
-                let calls: Vec<ToolCallView<'a>> =
-                    serde_json::from_str(raw_calls.get()).map_err(|e| format!("tool_calls: {e}"))?;
+                let calls: Vec<ToolCallView<'a>> = serde_json::from_str(raw_calls.get())
+                    .map_err(|e| format!("tool_calls: {e}"))?;
                 calls
                     .into_iter()
                     .map(|call| {
@@ -247,7 +244,10 @@ impl<'a> Message<'a> {
         if let Some(refusal) = self.refusal {
             content_chars(refusal, &mut chars, &mut images);
         }
-        for raw in [self.tool_calls_raw, self.function_call].into_iter().flatten() {
+        for raw in [self.tool_calls_raw, self.function_call]
+            .into_iter()
+            .flatten()
+        {
             chars.add(CharCount::of_str(raw.get()));
         }
         if let Some(id) = &self.tool_call_id {
@@ -333,24 +333,60 @@ mod tests {
     #[test]
     fn token_vectors_from_the_issue() {
         use serde_json::json;
-        assert_eq!(tokens_of(json!({"role": "user", "content": "Hello"}), 4.0), 6);
-        assert_eq!(tokens_of(json!({"role": "assistant", "content": "Hi"}), 4.0), 6);
-        assert_eq!(tokens_of(json!({"role": "system", "content": "You are helpful."}), 4.0), 9);
-        assert_eq!(tokens_of(json!({"role": "user", "content": ""}), 4.0), 4);
-        assert_eq!(tokens_of(json!({"role": "user", "content": "Hello", "name": "alice"}), 4.0), 7);
         assert_eq!(
-            tokens_of(json!({"role": "tool", "content": "72F and sunny", "tool_call_id": "call_123"}), 4.0),
+            tokens_of(json!({"role": "user", "content": "Hello"}), 4.0),
+            6
+        );
+        assert_eq!(
+            tokens_of(json!({"role": "assistant", "content": "Hi"}), 4.0),
+            6
+        );
+        assert_eq!(
+            tokens_of(
+                json!({"role": "system", "content": "You are helpful."}),
+                4.0
+            ),
+            9
+        );
+        assert_eq!(tokens_of(json!({"role": "user", "content": ""}), 4.0), 4);
+        assert_eq!(
+            tokens_of(
+                json!({"role": "user", "content": "Hello", "name": "alice"}),
+                4.0
+            ),
+            7
+        );
+        assert_eq!(
+            tokens_of(
+                json!({"role": "tool", "content": "72F and sunny", "tool_call_id": "call_123"}),
+                4.0
+            ),
             10
         );
         assert_eq!(
-            tokens_of(json!({"role": "user", "content": [
+            tokens_of(
+                json!({"role": "user", "content": [
                 {"type": "text", "text": "What is in this image?"},
-                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}), 4.0),
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}),
+                4.0
+            ),
             95
         );
-        assert_eq!(tokens_of(json!({"role": "user", "content": "a".repeat(12)}), 4.0), 7);
-        assert_eq!(tokens_of(json!({"role": "user", "content": "a".repeat(12)}), 3.3), 8);
-        assert_eq!(tokens_of(json!({"role": "user", "content": "你好世界".repeat(25)}), 4.0), 104);
+        assert_eq!(
+            tokens_of(json!({"role": "user", "content": "a".repeat(12)}), 4.0),
+            7
+        );
+        assert_eq!(
+            tokens_of(json!({"role": "user", "content": "a".repeat(12)}), 3.3),
+            8
+        );
+        assert_eq!(
+            tokens_of(
+                json!({"role": "user", "content": "你好世界".repeat(25)}),
+                4.0
+            ),
+            104
+        );
     }
 
     #[test]
@@ -359,8 +395,14 @@ mod tests {
         let conversation = Conversation::parse(body).unwrap();
         assert_eq!(conversation.model.as_deref(), Some("gpt-4o"));
         let span = &body[conversation.messages_span.clone()];
-        assert_eq!(span, br#"[{"role":"user","content":"hi","x_unknown":{"a":1}}]"#);
-        assert_eq!(conversation.messages[0].raw.get(), r#"{"role":"user","content":"hi","x_unknown":{"a":1}}"#);
+        assert_eq!(
+            span,
+            br#"[{"role":"user","content":"hi","x_unknown":{"a":1}}]"#
+        );
+        assert_eq!(
+            conversation.messages[0].raw.get(),
+            r#"{"role":"user","content":"hi","x_unknown":{"a":1}}"#
+        );
     }
 
     #[test]
@@ -377,7 +419,14 @@ mod tests {
         let body = br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}],"max_tokens":50,"max_completion_tokens":70}"#;
         let conversation = Conversation::parse(body).unwrap();
         let call = &conversation.messages[0].tool_calls[0];
-        assert_eq!((call.id.as_ref(), call.name.as_ref(), call.arguments.as_ref()), ("c1", "f", "{\"a\":1}"));
+        assert_eq!(
+            (
+                call.id.as_ref(),
+                call.name.as_ref(),
+                call.arguments.as_ref()
+            ),
+            ("c1", "f", "{\"a\":1}")
+        );
         assert!(conversation.messages[0].has_tool_calls());
         assert_eq!(conversation.messages[1].tool_call_id.as_deref(), Some("c1"));
         assert_eq!(conversation.output_reserve, 70);

@@ -116,8 +116,11 @@ mod tests {
 
     #[test]
     fn whitespace_key_order_and_unknown_fields_do_not_change_the_digest() {
-        let a = digests(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
-        let b = digests(r#"{"messages":[ { "content" : [ {"text":"hi", "type":"text"} ], "role":"user", "x":1 } ]}"#);
+        let a =
+            digests(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
+        let b = digests(
+            r#"{"messages":[ { "content" : [ {"text":"hi", "type":"text"} ], "role":"user", "x":1 } ]}"#,
+        );
         assert_eq!(a, b);
     }
 
@@ -135,8 +138,14 @@ mod tests {
 
     #[test]
     fn chains_share_exactly_their_common_prefix() {
-        let one = Conversation::parse(br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#).unwrap();
-        let two = Conversation::parse(br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"c"}]}"#).unwrap();
+        let one = Conversation::parse(
+            br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#,
+        )
+        .unwrap();
+        let two = Conversation::parse(
+            br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"c"}]}"#,
+        )
+        .unwrap();
         let (c1, c2) = (prefix_chain(&one.messages), prefix_chain(&two.messages));
         assert_eq!(c1.len(), 3);
         assert_eq!(c1[..2], c2[..2]);

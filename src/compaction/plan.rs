@@ -191,7 +191,11 @@ pub fn plan(
 }
 
 /// Whether the request is over any trigger (threshold-first check, nothing else computed).
-pub fn over_trigger(conversation: &Conversation<'_>, settings: &PlanSettings, model: &TokenModel) -> (bool, u64) {
+pub fn over_trigger(
+    conversation: &Conversation<'_>,
+    settings: &PlanSettings,
+    model: &TokenModel,
+) -> (bool, u64) {
     let analysis = Analysis::new(conversation, settings, model);
     let tokens = analysis.total_tokens();
     (
@@ -201,7 +205,11 @@ pub fn over_trigger(conversation: &Conversation<'_>, settings: &PlanSettings, mo
 }
 
 impl<'c, 'a> Analysis<'c, 'a> {
-    fn new(conversation: &'c Conversation<'a>, settings: &PlanSettings, model: &TokenModel) -> Self {
+    fn new(
+        conversation: &'c Conversation<'a>,
+        settings: &PlanSettings,
+        model: &TokenModel,
+    ) -> Self {
         let messages = &conversation.messages;
         let n = messages.len();
         let tokens = conversation.message_tokens(model);
@@ -226,11 +234,7 @@ impl<'c, 'a> Analysis<'c, 'a> {
                     owner.insert(call.id.as_ref(), i);
                 }
             } else if message.role == Role::Tool {
-                if let Some(&start) = message
-                    .tool_call_id
-                    .as_deref()
-                    .and_then(|id| owner.get(id))
-                {
+                if let Some(&start) = message.tool_call_id.as_deref().and_then(|id| owner.get(id)) {
                     group_start[i] = start;
                     group_end[start] = group_end[start].max(i);
                 }
@@ -308,13 +312,20 @@ impl<'c, 'a> Analysis<'c, 'a> {
         cached.cut > self.head
             && cached.cut <= self.max_cut
             && self.valid_cut[cached.cut]
-            && cached.excluded.iter().all(|&i| i >= self.head && i < cached.cut)
+            && cached
+                .excluded
+                .iter()
+                .all(|&i| i >= self.head && i < cached.cut)
     }
 
     /// (tokens, messages) of `[pinned, summary, excluded…, messages[cut..]]`.
     fn projected(&self, cut: usize, excluded: &[usize], summary_tokens: u64) -> (u64, u64) {
         let excluded_tokens: u64 = excluded.iter().map(|&i| self.tokens[i]).sum();
-        let tokens = self.schema_tokens + self.pinned_tokens + summary_tokens + excluded_tokens + self.suffix[cut];
+        let tokens = self.schema_tokens
+            + self.pinned_tokens
+            + summary_tokens
+            + excluded_tokens
+            + self.suffix[cut];
         let messages = (self.head + 1 + excluded.len() + (self.n() - cut)) as u64;
         (tokens, messages)
     }
@@ -354,7 +365,10 @@ impl<'c, 'a> Analysis<'c, 'a> {
     /// The nearest valid cut at or before `raw` (keeping more, never splitting a group).
     fn boundary_at_or_before(&self, raw: usize) -> usize {
         let raw = raw.min(self.max_cut);
-        (self.head..=raw).rev().find(|&c| self.valid_cut[c]).unwrap_or(self.head)
+        (self.head..=raw)
+            .rev()
+            .find(|&c| self.valid_cut[c])
+            .unwrap_or(self.head)
     }
 
     fn next_boundary(&self, cut: usize) -> Option<usize> {
@@ -363,7 +377,13 @@ impl<'c, 'a> Analysis<'c, 'a> {
 
     /// Moved user + rescued groups for a cut, with `floor`: groups starting before it may only
     /// be rescued if already in `carried` (a cached summary cannot be un-summarized).
-    fn excluded_for(&self, settings: &PlanSettings, cut: usize, floor: usize, carried: &[usize]) -> Vec<usize> {
+    fn excluded_for(
+        &self,
+        settings: &PlanSettings,
+        cut: usize,
+        floor: usize,
+        carried: &[usize],
+    ) -> Vec<usize> {
         let mut excluded: Vec<usize> = Vec::new();
         if let Some(u) = self.latest_user.filter(|&u| u >= self.head && u < cut) {
             if u >= floor || carried.contains(&u) {
@@ -371,7 +391,8 @@ impl<'c, 'a> Analysis<'c, 'a> {
             }
         }
         for start in self.rescued_groups(settings, cut, floor, carried) {
-            excluded.extend((start..=self.group_end[start]).filter(|&i| self.group_start[i] == start));
+            excluded
+                .extend((start..=self.group_end[start]).filter(|&i| self.group_start[i] == start));
         }
         excluded.sort_unstable();
         excluded.dedup();
@@ -380,7 +401,13 @@ impl<'c, 'a> Analysis<'c, 'a> {
 
     /// Skill groups inside `[head, cut)` kept verbatim: newest first within the count, total and
     /// per-skill budgets, one per distinct set of paths.
-    fn rescued_groups(&self, settings: &PlanSettings, cut: usize, floor: usize, carried: &[usize]) -> Vec<usize> {
+    fn rescued_groups(
+        &self,
+        settings: &PlanSettings,
+        cut: usize,
+        floor: usize,
+        carried: &[usize],
+    ) -> Vec<usize> {
         let skills = &settings.skills;
         if skills.max_count == 0 || skills.max_tokens == 0 {
             return Vec::new();
@@ -422,7 +449,9 @@ impl<'c, 'a> Analysis<'c, 'a> {
                 continue;
             }
             let group_tokens: u64 = members.iter().map(|&i| self.tokens[i]).sum();
-            if group_tokens > skills.max_tokens_per_skill || total + group_tokens > skills.max_tokens {
+            if group_tokens > skills.max_tokens_per_skill
+                || total + group_tokens > skills.max_tokens
+            {
                 continue;
             }
             total += group_tokens;
@@ -463,7 +492,13 @@ impl<'c, 'a> Analysis<'c, 'a> {
 
     fn plan_fresh(&self, settings: &PlanSettings) -> Decision {
         let start = self.boundary_at_or_before(self.keep_cut(settings.keep));
-        let layout = self.apply_headroom(settings, start, self.head, &[], settings.summary_estimate_tokens);
+        let layout = self.apply_headroom(
+            settings,
+            start,
+            self.head,
+            &[],
+            settings.summary_estimate_tokens,
+        );
         let to_summarize: Vec<usize> = (self.head..layout.cut)
             .filter(|i| !layout.excluded.contains(i))
             .collect();
@@ -479,7 +514,12 @@ impl<'c, 'a> Analysis<'c, 'a> {
         }
     }
 
-    fn plan_with_cache(&self, settings: &PlanSettings, cached: CachedSummary, force: bool) -> Decision {
+    fn plan_with_cache(
+        &self,
+        settings: &PlanSettings,
+        cached: CachedSummary,
+        force: bool,
+    ) -> Decision {
         let (tokens, messages) = self.projected(cached.cut, &cached.excluded, cached.tokens);
         let reuse_layout = |headroom_unmet| Layout {
             head: self.head,
@@ -498,7 +538,13 @@ impl<'c, 'a> Analysis<'c, 'a> {
         let start = self
             .boundary_at_or_before(self.keep_cut(settings.keep))
             .max(cached.cut);
-        let layout = self.apply_headroom(settings, start, cached.cut, &cached.excluded, settings.summary_estimate_tokens);
+        let layout = self.apply_headroom(
+            settings,
+            start,
+            cached.cut,
+            &cached.excluded,
+            settings.summary_estimate_tokens,
+        );
         let to_summarize: Vec<usize> = (self.head..layout.cut)
             .filter(|i| !layout.excluded.contains(i))
             .filter(|&i| i >= cached.cut || cached.excluded.contains(&i))

@@ -15,7 +15,8 @@ pub const SUMMARY_PREFIX: &str = "Here is a summary of the conversation to date:
 
 /// The injected summary message as JSON.
 pub fn summary_message(text: &str, role: SummaryRole) -> String {
-    serde_json::json!({"role": role.as_str(), "content": format!("{SUMMARY_PREFIX}{text}")}).to_string()
+    serde_json::json!({"role": role.as_str(), "content": format!("{SUMMARY_PREFIX}{text}")})
+        .to_string()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,7 +30,11 @@ pub enum ValidationError {
 }
 
 /// The new body: the original bytes with only the `messages` array replaced.
-pub fn rewrite(conversation: &Conversation<'_>, layout: &Layout, summary_json: &str) -> Result<Vec<u8>, ValidationError> {
+pub fn rewrite(
+    conversation: &Conversation<'_>,
+    layout: &Layout,
+    summary_json: &str,
+) -> Result<Vec<u8>, ValidationError> {
     let summary_raw: Box<RawValue> =
         RawValue::from_string(summary_json.to_string()).map_err(|_| ValidationError::BadSummary)?;
     let summary = Message::parse(&summary_raw).map_err(|_| ValidationError::BadSummary)?;
@@ -62,7 +67,9 @@ pub fn rewrite(conversation: &Conversation<'_>, layout: &Layout, summary_json: &
 /// Every tool message answers a pending call of an earlier assistant; every call is answered,
 /// except the calls of a final assistant turn that only tool results follow (the model's own
 /// pending turn).
-pub fn validate<'m, 'a: 'm>(messages: impl Iterator<Item = &'m Message<'a>>) -> Result<(), ValidationError> {
+pub fn validate<'m, 'a: 'm>(
+    messages: impl Iterator<Item = &'m Message<'a>>,
+) -> Result<(), ValidationError> {
     let messages: Vec<&Message<'_>> = messages.collect();
     let mut open: HashMap<&str, usize> = HashMap::new();
     let mut last_caller = None;
@@ -82,7 +89,8 @@ pub fn validate<'m, 'a: 'm>(messages: impl Iterator<Item = &'m Message<'a>>) -> 
             }
         }
     }
-    let final_turn = last_caller.filter(|&pos| messages[pos + 1..].iter().all(|m| m.role == Role::Tool));
+    let final_turn =
+        last_caller.filter(|&pos| messages[pos + 1..].iter().all(|m| m.role == Role::Tool));
     match open.into_iter().find(|(_, pos)| Some(*pos) != final_turn) {
         Some((id, _)) => Err(ValidationError::UnansweredCall(id.to_string())),
         None => Ok(()),
@@ -107,15 +115,21 @@ mod tests {
     #[test]
     fn validator_refuses_orphans_and_unanswered_calls() {
         assert_eq!(
-            check(r#"{"messages":[{"role":"user","content":"q"},{"role":"tool","tool_call_id":"x"}]}"#),
+            check(
+                r#"{"messages":[{"role":"user","content":"q"},{"role":"tool","tool_call_id":"x"}]}"#
+            ),
             Err(ValidationError::OrphanToolResult(1))
         );
         assert_eq!(
-            check(r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"x"}]},{"role":"user","content":"q"}]}"#),
+            check(
+                r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"x"}]},{"role":"user","content":"q"}]}"#
+            ),
             Err(ValidationError::UnansweredCall("x".into()))
         );
         assert_eq!(
-            check(r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"x"}]},{"role":"tool","tool_call_id":"x"},{"role":"tool","tool_call_id":"x"}]}"#),
+            check(
+                r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"x"}]},{"role":"tool","tool_call_id":"x"},{"role":"tool","tool_call_id":"x"}]}"#
+            ),
             Err(ValidationError::OrphanToolResult(2))
         );
     }

@@ -54,7 +54,11 @@ pub fn transcript_entries(conversation: &Conversation<'_>, indices: &[usize]) ->
         .collect()
 }
 
-pub fn build(entries: Vec<String>, previous: Option<&str>, settings: &InputSettings) -> SummaryInput {
+pub fn build(
+    entries: Vec<String>,
+    previous: Option<&str>,
+    settings: &InputSettings,
+) -> SummaryInput {
     let model = &settings.model;
     let Some(budget) = settings.budget else {
         return SummaryInput {
@@ -65,7 +69,10 @@ pub fn build(entries: Vec<String>, previous: Option<&str>, settings: &InputSetti
     let budget = budget.max(8);
     // The previous summary may take up to half the budget; the new messages get the rest.
     let previous = previous.map(|text| trim_text(text, budget / 2, model));
-    let previous_tokens = previous.as_deref().map(|t| text_tokens(t, model)).unwrap_or(0);
+    let previous_tokens = previous
+        .as_deref()
+        .map(|t| text_tokens(t, model))
+        .unwrap_or(0);
     let room = budget.saturating_sub(previous_tokens).max(budget / 2);
     let chunks = match settings.oversize {
         Oversize::Trim => vec![trim_entries(&entries, room, model)],
@@ -85,7 +92,9 @@ pub fn render_prompt(template: Option<&str>, previous: Option<&str>, transcript:
     }
     block.push_str("Messages to summarize:\n");
     block.push_str(&fence("TRANSCRIPT", transcript));
-    template.unwrap_or(DEFAULT_PROMPT).replace("{messages}", &block)
+    template
+        .unwrap_or(DEFAULT_PROMPT)
+        .replace("{messages}", &block)
 }
 
 /// Wraps `text` between markers that cannot occur in it: the marker carries a digest of the
@@ -97,7 +106,10 @@ pub fn fence(label: &str, text: &str) -> String {
         hasher.update(&salt.to_le_bytes());
         hasher.update(text.as_bytes());
         let digest = hasher.finalize();
-        let tag: String = digest.as_bytes()[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let tag: String = digest.as_bytes()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let open = format!("<<<{label} {tag}");
         let close = format!("END {label} {tag}>>>");
         if !text.contains(&close) && !text.contains(&open) {
@@ -133,7 +145,9 @@ fn trim_entries(entries: &[String], budget: u64, model: &TokenModel) -> String {
             first_tail = i;
         } else {
             if tail.is_empty() {
-                tail.push(Cow::Owned(take_suffix(entry, tail_budget, model).to_string()));
+                tail.push(Cow::Owned(
+                    take_suffix(entry, tail_budget, model).to_string(),
+                ));
                 first_tail = i;
             }
             break;
@@ -147,7 +161,9 @@ fn trim_entries(entries: &[String], budget: u64, model: &TokenModel) -> String {
             used += cost;
         } else {
             if head.is_empty() {
-                head.push(Cow::Owned(take_prefix(entry, head_budget, model).to_string()));
+                head.push(Cow::Owned(
+                    take_prefix(entry, head_budget, model).to_string(),
+                ));
             }
             break;
         }
@@ -194,7 +210,11 @@ fn trim_text(text: &str, budget: u64, model: &TokenModel) -> String {
         return text.to_string();
     }
     let head = take_prefix(text, (budget / 4).max(1), model);
-    let tail = take_suffix(&text[head.len()..], budget.saturating_sub(budget / 4).max(1), model);
+    let tail = take_suffix(
+        &text[head.len()..],
+        budget.saturating_sub(budget / 4).max(1),
+        model,
+    );
     format!("{head}\n[…]\n{tail}")
 }
 
@@ -264,7 +284,10 @@ fn format_message(message: &Message<'_>) -> String {
         if !body.is_empty() {
             body.push('\n');
         }
-        body.push_str(&format!("→ calls {}({}) [{}]", call.name, call.arguments, call.id));
+        body.push_str(&format!(
+            "→ calls {}({}) [{}]",
+            call.name, call.arguments, call.id
+        ));
     }
     format!("{label}: {}", strip_base64(&body))
 }
@@ -363,25 +386,36 @@ mod tests {
     fn base64_payloads_become_placeholders() {
         let text = "see data:image/png;base64,iVBORw0KGgoAAAANSUhEUg== and data:text/plain,hi";
         let stripped = strip_base64(text);
-        assert_eq!(stripped, "see [base64 image/png data, 24 chars omitted] and data:text/plain,hi");
+        assert_eq!(
+            stripped,
+            "see [base64 image/png data, 24 chars omitted] and data:text/plain,hi"
+        );
     }
 
     #[test]
     fn over_budget_input_keeps_head_and_tail_and_is_never_empty() {
-        let entries: Vec<String> = (0..100).map(|i| format!("User: message number {i} {}", "x".repeat(40))).collect();
+        let entries: Vec<String> = (0..100)
+            .map(|i| format!("User: message number {i} {}", "x".repeat(40)))
+            .collect();
         let input = build(entries, None, &settings(Some(200), Oversize::Trim));
         let text = &input.chunks[0];
         assert!(text.contains("message number 0 "), "{text}");
         assert!(text.contains("message number 99 "), "{text}");
         assert!(text.contains("messages omitted"));
         assert!(text_tokens(text, &TokenModel::default()) <= 220);
-        let tiny = build(vec!["Assistant: ".to_string() + &"y".repeat(10_000)], None, &settings(Some(1), Oversize::Trim));
+        let tiny = build(
+            vec!["Assistant: ".to_string() + &"y".repeat(10_000)],
+            None,
+            &settings(Some(1), Oversize::Trim),
+        );
         assert!(!tiny.chunks[0].is_empty());
     }
 
     #[test]
     fn fold_splits_without_dropping_anything() {
-        let entries: Vec<String> = (0..40).map(|i| format!("User: part {i} {}", "z".repeat(100))).collect();
+        let entries: Vec<String> = (0..40)
+            .map(|i| format!("User: part {i} {}", "z".repeat(100)))
+            .collect();
         let input = build(entries.clone(), None, &settings(Some(200), Oversize::Fold));
         assert!(input.chunks.len() > 1);
         let joined = input.chunks.join("\n\n");
@@ -405,7 +439,11 @@ mod tests {
 
     #[test]
     fn custom_prompts_get_the_messages_block() {
-        let prompt = render_prompt(Some("Summarize:\n{messages}\nThanks"), Some("old summary"), "User: hi");
+        let prompt = render_prompt(
+            Some("Summarize:\n{messages}\nThanks"),
+            Some("old summary"),
+            "User: hi",
+        );
         assert!(prompt.starts_with("Summarize:\n"));
         assert!(prompt.contains("old summary") && prompt.contains("User: hi"));
         assert!(!prompt.contains("{messages}"));

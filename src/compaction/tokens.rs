@@ -207,28 +207,63 @@ mod tests {
 
     #[test]
     fn json_string_chars_decodes_escapes_without_copying() {
-        assert_eq!(json_string_chars(r#""Hello""#), CharCount { narrow: 5, wide: 0 });
-        assert_eq!(json_string_chars(r#""a\nb\"c""#), CharCount { narrow: 5, wide: 0 });
-        assert_eq!(json_string_chars(r#""\u4f60\u597d""#), CharCount { narrow: 0, wide: 2 });
-        assert_eq!(json_string_chars("\"你好x\""), CharCount { narrow: 1, wide: 2 });
-        assert_eq!(json_string_chars(r#""\ud83d\ude00""#), CharCount { narrow: 1, wide: 0 });
-        assert_eq!(json_string_chars("\"é😀\""), CharCount { narrow: 2, wide: 0 });
+        assert_eq!(
+            json_string_chars(r#""Hello""#),
+            CharCount { narrow: 5, wide: 0 }
+        );
+        assert_eq!(
+            json_string_chars(r#""a\nb\"c""#),
+            CharCount { narrow: 5, wide: 0 }
+        );
+        assert_eq!(
+            json_string_chars(r#""\u4f60\u597d""#),
+            CharCount { narrow: 0, wide: 2 }
+        );
+        assert_eq!(
+            json_string_chars("\"你好x\""),
+            CharCount { narrow: 1, wide: 2 }
+        );
+        assert_eq!(
+            json_string_chars(r#""\ud83d\ude00""#),
+            CharCount { narrow: 1, wide: 0 }
+        );
+        assert_eq!(
+            json_string_chars("\"é😀\""),
+            CharCount { narrow: 2, wide: 0 }
+        );
         assert_eq!(json_string_chars(r#""""#), CharCount::default());
     }
 
     #[test]
     fn escaped_and_plain_forms_count_alike() {
-        for text in ["plain", "tab\there", "quote \" and \\ slash", "日本語のテキスト", "emoji 😀 mix 한국어"] {
+        for text in [
+            "plain",
+            "tab\there",
+            "quote \" and \\ slash",
+            "日本語のテキスト",
+            "emoji 😀 mix 한국어",
+        ] {
             let raw = serde_json::to_string(text).unwrap();
             assert_eq!(json_string_chars(&raw), CharCount::of_str(text), "{text}");
             let ascii_escaped = raw
                 .chars()
-                .map(|c| if c.is_ascii() { c.to_string() } else {
-                    let mut buf = [0u16; 2];
-                    c.encode_utf16(&mut buf).iter().map(|u| format!("\\u{u:04x}")).collect()
+                .map(|c| {
+                    if c.is_ascii() {
+                        c.to_string()
+                    } else {
+                        let mut buf = [0u16; 2];
+                        c.encode_utf16(&mut buf)
+                            .iter()
+                            .map(|u| format!("\\u{u:04x}"))
+                            .collect()
+                    }
                 })
                 .collect::<String>();
-            assert_eq!(json_string_chars(&ascii_escaped), CharCount::of_str(text), "{text}");
+            assert_eq!(
+                json_string_chars(&ascii_escaped),
+                CharCount::of_str(text),
+                "{text}"
+            );
         }
     }
 

@@ -1,0 +1,826 @@
+//! The planner's cases, from the reference's own tests and bugs, in the OpenAI format.
+
+use compactor::compaction::conversation::Conversation;
+use compactor::compaction::digest::Digest;
+use compactor::compaction::plan::{
+    plan, CachedSummary, Decision, Layout, NoCache, Plan, PlanSettings, SkillRescue, SummaryLookup,
+};
+use compactor::compaction::rewrite::{rewrite, summary_message, validate};
+use compactor::compaction::summary_input::{self, InputSettings};
+use compactor::compaction::tokens::TokenModel;
+use compactor::config::{ContextSize, Oversize, SummaryRole};
+use serde_json::{json, Value};
+
+fn body(messages: &[Value]) -> String {
+    json!({"model": "gpt-4o-mini", "temperature": 0.3, "messages": messages, "stream": true})
+        .to_string()
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+fn system(text: &str) -> Value {
+    json!({"role": "system", "content": text})
+}
+fn assistant(text: &str) -> Value {
+    json!({"role": "assistant", "content": text})
+}
+fn calls(ids: &[&str]) -> Value {
+    let calls: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"id": id, "type": "function", "function": {"name": "lookup", "arguments": "{}"}}))
+        .collect();
+    json!({"role": "assistant", "content": null, "tool_calls": calls})
+}
+fn call_named(id: &str, name: &str, args: Value) -> Value {
+    json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}}]})
+}
+fn result(id: &str, text: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": id, "content": text})
+}
+
+fn skills_off() -> SkillRescue {
+    SkillRescue {
+        max_count: 0,
+        max_tokens: 0,
+        max_tokens_per_skill: 0,
+        tool_names: vec![],
+        container_path: "/mnt/skills".into(),
+    }
+}
+
+fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>) -> PlanSettings {
+    PlanSettings {
+        triggers,
+        keep,
+        headroom,
+        summary_estimate_tokens: 50,
+        skills: skills_off(),
+    }
+}
+
+fn run(body: &str, settings: &PlanSettings) -> Plan {
+    let conversation = Conversation::parse(body.as_bytes()).expect("parses");
+    plan(
+        &conversation,
+        settings,
+        &TokenModel::default(),
+        false,
+        &mut NoCache,
+    )
+}
+
+fn summarize_layout(plan: &Plan) -> (&Layout, &Vec<usize>) {
+    match &plan.decision {
+        Decision::Summarize {
+            layout,
+            to_summarize,
+            ..
+        } => (layout, to_summarize),
+        other => panic!("expected Summarize, got {other:?}"),
+    }
+}
+
+/// The rewritten request's messages (after the summary is filled in).
+fn rewritten(body: &str, layout: &Layout) -> Vec<Value> {
+    let conversation = Conversation::parse(body.as_bytes()).unwrap();
+    let out = rewrite(
+        &conversation,
+        layout,
+        &summary_message("S", SummaryRole::User),
+    )
+    .expect("valid rewrite");
+    let value: Value = serde_json::from_slice(&out).unwrap();
+    value["messages"].as_array().unwrap().clone()
+}
+
+#[test]
+fn cut_on_a_tool_result_moves_back_to_its_assistant() {
+    let messages = [
+        user("q1"),
+        calls(&["a", "b"]),
+        result("a", "ra"),
+        result("b", "rb"),
+        user("q2"),
+        assistant("ans"),
+    ];
+    let text = body(&messages);
+    let by_messages = run(
+        &text,
+        &settings(
+            vec![ContextSize::Messages(6)],
+            ContextSize::Messages(3),
+            None,
+        ),
+    );
+    let (layout, summarized) = summarize_layout(&by_messages);
+    assert_eq!(layout.cut, 1);
+    assert_eq!(summarized, &vec![0]);
+
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let tokens = conversation.message_tokens(&TokenModel::default());
+    let from_tool_b: u64 = tokens[3..].iter().sum();
+    let by_tokens = run(
+        &text,
+        &settings(
+            vec![ContextSize::Messages(6)],
+            ContextSize::Tokens(from_tool_b),
+            None,
+        ),
+    );
+    assert_eq!(summarize_layout(&by_tokens).0.cut, 1);
+}
+
+#[test]
+fn a_tool_run_answering_two_assistants_is_never_split() {
+    // The reference stops at the first assistant sharing an id (bug #38352) and orphans tool x.
+    let messages = [
+        user("u"),
+        calls(&["x"]),
+        calls(&["y"]),
+        result("x", "rx"),
+        result("y", "ry"),
+        user("u2"),
+    ];
+    let text = body(&messages);
+    let plan = run(
+        &text,
+        &settings(
+            vec![ContextSize::Messages(6)],
+            ContextSize::Messages(3),
+            None,
+        ),
+    );
+    let (layout, _) = summarize_layout(&plan);
+    assert_eq!(layout.cut, 1);
+    let out = rewritten(&text, layout);
+    assert_eq!(out.len(), 6);
+    assert_eq!(out[1]["tool_calls"][0]["id"], "x");
+    assert_eq!(out[2]["tool_calls"][0]["id"], "y");
+}
+
+#[test]
+fn non_adjacent_results_stay_with_their_call() {
+    let messages = [
+        user("u0"),
+        calls(&["x"]),
+        user("u2"),
+        result("x", "rx"),
+        user("u4"),
+        assistant("a5"),
+    ];
+    let text = body(&messages);
+    for keep in 1..=5 {
+        let plan = run(
+            &text,
+            &settings(
+                vec![ContextSize::Messages(1)],
+                ContextSize::Messages(keep),
+                None,
+            ),
+        );
+        if let Decision::Summarize { layout, .. } = &plan.decision {
+            assert!(
+                !(2..=3).contains(&layout.cut),
+                "keep {keep} split the group at {}",
+                layout.cut
+            );
+            rewritten(&text, layout);
+        }
+    }
+}
+
+#[test]
+fn the_system_message_is_pinned_not_summarized() {
+    let messages = [system("sys"), user("a"), assistant("b"), user("c")];
+    let text = body(&messages);
+    let plan = run(
+        &text,
+        &settings(
+            vec![ContextSize::Messages(4)],
+            ContextSize::Messages(2),
+            None,
+        ),
+    );
+    let (layout, summarized) = summarize_layout(&plan);
+    assert_eq!(summarized, &vec![1]);
+    let out = rewritten(&text, layout);
+    assert_eq!(
+        out,
+        vec![
+            system("sys"),
+            json!({"role": "user", "content": "Here is a summary of the conversation to date:\n\nS"}),
+            assistant("b"),
+            user("c")
+        ]
+    );
+}
+
+#[test]
+fn a_long_single_turn_agent_run_compacts_and_keeps_the_request() {
+    let mut messages = vec![system("sys"), user("do the task")];
+    for k in 1..=12 {
+        let id = format!("call_{k}");
+        messages.push(calls(&[&id]));
+        messages.push(result(&id, &format!("result {k}")));
+    }
+    let text = body(&messages);
+    let plan = run(
+        &text,
+        &settings(
+            vec![ContextSize::Messages(20)],
+            ContextSize::Messages(10),
+            Some(0.75),
+        ),
+    );
+    let (layout, summarized) = summarize_layout(&plan);
+    // Calls 1..7 and their results are summarized; the user's request moves after the summary.
+    assert_eq!(summarized, &(2..16).collect::<Vec<_>>());
+    assert_eq!(layout.excluded, vec![1]);
+    let out = rewritten(&text, layout);
+    assert_eq!(out.len(), 13);
+    assert_eq!(out[0], system("sys"));
+    assert_eq!(out[2], user("do the task"));
+    assert_eq!(out[3]["tool_calls"][0]["id"], "call_8");
+    assert_eq!(out[12]["tool_call_id"], "call_12");
+}
+
+#[test]
+fn ten_parallel_calls_leave_nothing_to_summarize() {
+    let ids: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut messages = vec![user("q"), calls(&id_refs)];
+    messages.extend(ids.iter().map(|id| result(id, "r")));
+    let plan = run(
+        &body(&messages),
+        &settings(
+            vec![ContextSize::Messages(2)],
+            ContextSize::Messages(3),
+            None,
+        ),
+    );
+    assert!(
+        matches!(plan.decision, Decision::PassThrough { .. }),
+        "{:?}",
+        plan.decision
+    );
+}
+
+struct CountingLookup(usize);
+
+impl SummaryLookup for CountingLookup {
+    fn longest_prefix(&mut self, _: &[Digest], _: usize) -> Option<CachedSummary> {
+        self.0 += 1;
+        None
+    }
+}
+
+#[test]
+fn under_every_trigger_passes_through_without_looking_at_the_cache() {
+    let text = body(&[system("s"), user("hello"), assistant("hi")]);
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let settings = settings(
+        vec![ContextSize::Tokens(1000), ContextSize::Messages(10)],
+        ContextSize::Messages(2),
+        Some(0.75),
+    );
+    let mut lookup = CountingLookup(0);
+    let plan = plan(
+        &conversation,
+        &settings,
+        &TokenModel::default(),
+        false,
+        &mut lookup,
+    );
+    assert_eq!(
+        plan.decision,
+        Decision::PassThrough {
+            reason: "under_trigger"
+        }
+    );
+    assert_eq!(lookup.0, 0);
+    assert!(!plan.cache_consulted);
+    // One message more reaches the messages trigger (>=) and the cache is consulted.
+    let over = settings_with_trigger(ContextSize::Messages(3));
+    let plan = compactor::compaction::plan::plan(
+        &conversation,
+        &over,
+        &TokenModel::default(),
+        false,
+        &mut lookup,
+    );
+    assert_eq!(lookup.0, 1);
+    assert!(plan.cache_consulted);
+}
+
+fn settings_with_trigger(trigger: ContextSize) -> PlanSettings {
+    settings(vec![trigger], ContextSize::Messages(1), None)
+}
+
+#[test]
+fn fraction_triggers_use_the_window_less_the_output_reserve() {
+    let model = TokenModel {
+        max_input_tokens: Some(1000),
+        ..TokenModel::default()
+    };
+    // One user message of exactly N tokens: ceil((4 + chars)/4) + 3.
+    let message_of = |tokens: u64| user(&"a".repeat(((tokens - 3) * 4 - 4) as usize));
+    let check = |tokens: u64, extra: Value| {
+        let mut request = json!({"model": "m", "messages": [message_of(tokens)]});
+        if let Value::Object(map) = extra {
+            request.as_object_mut().unwrap().extend(map);
+        }
+        let text = request.to_string();
+        let conversation = Conversation::parse(text.as_bytes()).unwrap();
+        let settings = settings(
+            vec![ContextSize::Fraction(0.8)],
+            ContextSize::Messages(1),
+            None,
+        );
+        compactor::compaction::plan::over_trigger(&conversation, &settings, &model).0
+    };
+    assert!(check(800, json!({})));
+    assert!(!check(799, json!({})));
+    // 1000 - 100 reserved for the answer = 900 × 0.8 = 720.
+    assert!(check(720, json!({"max_tokens": 100})));
+    assert!(!check(719, json!({"max_completion_tokens": 100})));
+    // No known window: the entry is skipped, never an error.
+    let text = body(&[message_of(5000)]);
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let settings = settings(
+        vec![ContextSize::Fraction(0.5)],
+        ContextSize::Messages(1),
+        None,
+    );
+    assert!(
+        !compactor::compaction::plan::over_trigger(
+            &conversation,
+            &settings,
+            &TokenModel::default()
+        )
+        .0
+    );
+}
+
+fn padded(role_message: fn(&str) -> Value, tokens: usize) -> Value {
+    // ~tokens tokens at 4 chars per token.
+    role_message(&"w".repeat(tokens * 4))
+}
+
+#[test]
+fn headroom_brings_the_compacted_request_under_three_quarters_of_the_trigger() {
+    let mut messages = vec![system("sys")];
+    for i in 0..30 {
+        messages.push(if i % 2 == 0 {
+            padded(user, 60)
+        } else {
+            padded(assistant, 60)
+        });
+    }
+    messages.push(user("latest"));
+    let text = body(&messages);
+    let settings = PlanSettings {
+        summary_estimate_tokens: 100,
+        ..settings(
+            vec![ContextSize::Tokens(1000)],
+            ContextSize::Messages(20),
+            Some(0.75),
+        )
+    };
+    let plan = run(&text, &settings);
+    let (layout, _) = summarize_layout(&plan);
+    assert!(layout.projected_tokens < 750, "{}", layout.projected_tokens);
+    assert!(!layout.headroom_unmet);
+    // Without headroom, keep 20 alone would leave the request over the trigger.
+    let plain = run(
+        &text,
+        &PlanSettings {
+            headroom: None,
+            ..settings.clone()
+        },
+    );
+    assert!(summarize_layout(&plain).0.projected_tokens >= 1000);
+}
+
+#[test]
+fn an_oversized_final_group_keeps_the_minimal_tail_and_says_so() {
+    let messages = vec![
+        system("sys"),
+        padded(user, 300),
+        padded(assistant, 300),
+        calls(&["big"]),
+        result("big", &"r".repeat(4000)),
+    ];
+    let text = body(&messages);
+    let plan = run(
+        &text,
+        &settings(
+            vec![ContextSize::Tokens(1000)],
+            ContextSize::Messages(4),
+            Some(0.75),
+        ),
+    );
+    let (layout, summarized) = summarize_layout(&plan);
+    assert!(layout.headroom_unmet);
+    assert_eq!(layout.cut, 3);
+    assert_eq!(summarized, &vec![2]);
+    assert_eq!(layout.excluded, vec![1]);
+}
+
+fn skill_settings(count: u64, total: u64, per_skill: u64) -> PlanSettings {
+    PlanSettings {
+        skills: SkillRescue {
+            max_count: count,
+            max_tokens: total,
+            max_tokens_per_skill: per_skill,
+            tool_names: vec![
+                "read_file".into(),
+                "read".into(),
+                "view".into(),
+                "cat".into(),
+            ],
+            container_path: "/mnt/skills".into(),
+        },
+        ..settings(
+            vec![ContextSize::Messages(8)],
+            ContextSize::Messages(2),
+            None,
+        )
+    }
+}
+
+/// The reference's `_skill_conversation`: two skill reads, then the current turn.
+fn skill_conversation(second_path: &str) -> Vec<Value> {
+    vec![
+        user("u1"),
+        call_named(
+            "t1",
+            "read_file",
+            json!({"path": "/mnt/skills/public/alpha/SKILL.md"}),
+        ),
+        result("t1", "alpha skill body"),
+        user("u2"),
+        call_named("t2", "read_file", json!({"path": second_path})),
+        result("t2", "beta skill body"),
+        user("u3"),
+        assistant("final"),
+    ]
+}
+
+fn rescued_contents(text: &str, settings: &PlanSettings) -> Vec<String> {
+    let plan = run(text, settings);
+    let (layout, summarized) = summarize_layout(&plan);
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    for i in &layout.excluded {
+        assert!(!summarized.contains(i));
+    }
+    rewritten(text, layout);
+    layout
+        .excluded
+        .iter()
+        .map(|&i| conversation.messages[i].text())
+        .filter(|t| t.contains("skill body"))
+        .collect()
+}
+
+#[test]
+fn skill_reads_are_rescued_newest_first_within_budgets() {
+    let text = body(&skill_conversation("/mnt/skills/public/beta/SKILL.md"));
+    assert_eq!(
+        rescued_contents(&text, &skill_settings(5, 10_000, 10_000)),
+        vec!["alpha skill body", "beta skill body"]
+    );
+    // Count budget: only the newest.
+    assert_eq!(
+        rescued_contents(&text, &skill_settings(1, 10_000, 10_000)),
+        vec!["beta skill body"]
+    );
+    // Per-skill cap below any group: nothing.
+    assert!(rescued_contents(&text, &skill_settings(5, 10_000, 1)).is_empty());
+    // Count zero disables.
+    assert!(rescued_contents(&text, &skill_settings(0, 10_000, 10_000)).is_empty());
+    // Total budget fits one group only: the newest, the older one is skipped.
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let tokens = conversation.message_tokens(&TokenModel::default());
+    let one_group = tokens[4] + tokens[5];
+    assert_eq!(
+        rescued_contents(&text, &skill_settings(5, one_group, 10_000)),
+        vec!["beta skill body"]
+    );
+}
+
+#[test]
+fn skill_rescue_follows_configured_names_and_container() {
+    let custom = body(&[
+        user("u1"),
+        call_named(
+            "t1",
+            "custom_read",
+            json!({"file_path": "/custom/skills/demo/SKILL.md"}),
+        ),
+        result("t1", "demo skill body"),
+        user("u2"),
+        assistant("a"),
+        user("u3"),
+        assistant("final"),
+        user("u4"),
+    ]);
+    let mut settings = skill_settings(5, 10_000, 10_000);
+    assert!(rescued_contents(&custom, &settings).is_empty());
+    settings.skills.tool_names = vec!["custom_read".into()];
+    settings.skills.container_path = "/custom/skills".into();
+    assert_eq!(
+        rescued_contents(&custom, &settings),
+        vec!["demo skill body"]
+    );
+}
+
+#[test]
+fn non_skill_reads_are_not_rescued_and_paths_are_deduplicated() {
+    let outside = body(&skill_conversation("/mnt/user-data/workspace/notes.md"));
+    assert_eq!(
+        rescued_contents(&outside, &skill_settings(5, 10_000, 10_000)),
+        vec!["alpha skill body"]
+    );
+    let same_path = body(&skill_conversation("/mnt/skills/public/alpha/SKILL.md"));
+    // The same skill read twice: only the newest read is kept.
+    assert_eq!(
+        rescued_contents(&same_path, &skill_settings(5, 10_000, 10_000)),
+        vec!["beta skill body"]
+    );
+}
+
+#[test]
+fn a_window_without_any_user_message_still_gets_a_summarizer_input() {
+    // The reference trims to "start on a human message" and summarizes nothing (bug #39261).
+    let messages = [
+        user(&"intro ".repeat(100)),
+        calls(&["c"]),
+        result("c", &"data ".repeat(200)),
+        assistant("done"),
+        user("next"),
+    ];
+    let text = body(&messages);
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let entries = summary_input::transcript_entries(&conversation, &[1, 2, 3]);
+    let input = summary_input::build(
+        entries,
+        None,
+        &InputSettings {
+            budget: Some(100),
+            oversize: Oversize::Trim,
+            model: TokenModel::default(),
+            prompt: None,
+        },
+    );
+    assert_eq!(input.chunks.len(), 1);
+    assert!(input.chunks[0].contains("done"));
+    assert!(input.chunks[0].contains("calls lookup"));
+}
+
+#[test]
+fn other_fields_keep_their_bytes_and_order() {
+    let text = r#"{"model":"gpt-4o-mini","temperature":0.30,"messages":[{"role":"user","content":"a","x_custom":[1,2]},{"role":"assistant","content":"b"},{"role":"user","content":"c"}],"tools":null,"zeta":{"k":"v"}}"#;
+    let plan = run(
+        text,
+        &settings(
+            vec![ContextSize::Messages(3)],
+            ContextSize::Messages(2),
+            None,
+        ),
+    );
+    let (layout, _) = summarize_layout(&plan);
+    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let out = String::from_utf8(
+        rewrite(
+            &conversation,
+            layout,
+            &summary_message("S", SummaryRole::User),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(out.starts_with(r#"{"model":"gpt-4o-mini","temperature":0.30,"messages":["#));
+    assert!(out.ends_with(r#"{"role":"assistant","content":"b"},{"role":"user","content":"c"}],"tools":null,"zeta":{"k":"v"}}"#));
+}
+
+#[test]
+fn reuse_while_the_compacted_request_stays_under_the_trigger() {
+    let mut messages = vec![system("sys")];
+    for i in 0..10 {
+        messages.push(user(&format!("q{i}")));
+        messages.push(assistant(&format!("a{i}")));
+    }
+    messages.push(user("latest"));
+    let settings = settings(
+        vec![ContextSize::Messages(20)],
+        ContextSize::Messages(6),
+        Some(0.75),
+    );
+    let text = body(&messages);
+    let first = run(&text, &settings);
+    let (layout, _) = summarize_layout(&first);
+    let cached = CachedSummary {
+        cut: layout.cut,
+        excluded: layout.excluded.clone(),
+        text: "S".into(),
+        tokens: 20,
+    };
+    let chain = first.chain.clone().unwrap();
+    struct One(Digest, CachedSummary);
+    impl SummaryLookup for One {
+        fn longest_prefix(&mut self, chain: &[Digest], min_len: usize) -> Option<CachedSummary> {
+            (min_len..chain.len())
+                .rev()
+                .find(|&i| chain[i] == self.0)
+                .map(|_| self.1.clone())
+        }
+    }
+    let mut lookup = One(chain[cached.cut], cached.clone());
+    // Next turn: the client resends everything plus one exchange.
+    messages.push(assistant("answer"));
+    messages.push(user("follow-up"));
+    let next = body(&messages);
+    let conversation = Conversation::parse(next.as_bytes()).unwrap();
+    let second = plan(
+        &conversation,
+        &settings,
+        &TokenModel::default(),
+        false,
+        &mut lookup,
+    );
+    assert!(
+        matches!(&second.decision, Decision::Reuse { summary, .. } if summary == &cached),
+        "{:?}",
+        second.decision
+    );
+    // Growing until the compacted request reaches the trigger again: incremental summary.
+    for i in 0..6 {
+        messages.push(assistant(&format!("more {i}")));
+        messages.push(user(&format!("again {i}")));
+    }
+    let later = body(&messages);
+    let conversation = Conversation::parse(later.as_bytes()).unwrap();
+    let third = plan(
+        &conversation,
+        &settings,
+        &TokenModel::default(),
+        false,
+        &mut lookup,
+    );
+    match &third.decision {
+        Decision::Summarize {
+            previous: Some(previous),
+            to_summarize,
+            layout,
+        } => {
+            assert_eq!(previous, &cached);
+            assert!(to_summarize.iter().all(|&i| i >= cached.cut));
+            assert!(layout.cut > cached.cut);
+        }
+        other => panic!("expected an incremental summary, got {other:?}"),
+    }
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Random conversations: optional system head, then turns of user text, assistant text, or
+    /// assistant calls (1–3 parallel) whose results come right after, occasionally interleaved
+    /// with another call group.
+    fn conversation() -> impl Strategy<Value = Vec<Value>> {
+        let turn = prop_oneof![
+            3 => (1usize..200).prop_map(|n| vec![user(&"u".repeat(n))]),
+            3 => (1usize..200).prop_map(|n| vec![assistant(&"a".repeat(n))]),
+            4 => (1usize..4, 1usize..300, any::<bool>()).prop_map(|(k, n, nested)| {
+                let ids: Vec<String> = (0..k).map(|i| format!("id{i}")).collect();
+                (ids, n, nested)
+            }).prop_map(|(ids, n, nested)| {
+                // Placeholder ids; made unique below.
+                let mut out = vec![calls(&ids.iter().map(String::as_str).collect::<Vec<_>>())];
+                if nested {
+                    out.push(calls(&["inner"]));
+                    out.extend(ids.iter().map(|id| result(id, &"r".repeat(n))));
+                    out.push(result("inner", "ri"));
+                } else {
+                    out.extend(ids.iter().map(|id| result(id, &"r".repeat(n))));
+                }
+                out
+            }),
+        ];
+        (any::<bool>(), prop::collection::vec(turn, 1..40)).prop_map(|(with_system, turns)| {
+            let mut messages = Vec::new();
+            if with_system {
+                messages.push(system("you are an agent"));
+            }
+            let mut counter = 0;
+            for turn in turns {
+                // Unique ids per group so calls never collide across turns.
+                let mut map = std::collections::HashMap::new();
+                for mut message in turn {
+                    if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut)
+                    {
+                        for call in calls {
+                            let old = call["id"].as_str().unwrap().to_string();
+                            counter += 1;
+                            let new = format!("call_{counter}");
+                            map.insert(old, new.clone());
+                            call["id"] = json!(new);
+                        }
+                    }
+                    if let Some(id) = message
+                        .get("tool_call_id")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                    {
+                        message["tool_call_id"] = json!(map[&id]);
+                    }
+                    messages.push(message);
+                }
+            }
+            messages.push(user("the latest question"));
+            messages
+        })
+    }
+
+    fn any_settings() -> impl Strategy<Value = PlanSettings> {
+        (
+            prop_oneof![
+                (1u64..40).prop_map(ContextSize::Messages),
+                (50u64..3000).prop_map(ContextSize::Tokens)
+            ],
+            prop_oneof![
+                (1u64..15).prop_map(ContextSize::Messages),
+                (10u64..1500).prop_map(ContextSize::Tokens)
+            ],
+            prop_oneof![Just(None), Just(Some(0.75)), Just(Some(0.5))],
+        )
+            .prop_map(|(trigger, keep, headroom)| PlanSettings {
+                summary_estimate_tokens: 30,
+                ..settings(vec![trigger], keep, headroom)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn plans_are_always_valid_and_stable(messages in conversation(), settings in any_settings()) {
+            let text = body(&messages);
+            let conversation = Conversation::parse(text.as_bytes()).unwrap();
+            prop_assert!(validate(conversation.messages.iter()).is_ok());
+            let first = plan(&conversation, &settings, &TokenModel::default(), false, &mut NoCache);
+            let Decision::Summarize { layout, to_summarize, .. } = &first.decision else {
+                return Ok(());
+            };
+            let out = rewrite(&conversation, layout, &summary_message("S", SummaryRole::User));
+            prop_assert!(out.is_ok(), "{:?}", out);
+            let out: Value = serde_json::from_slice(&out.unwrap()).unwrap();
+            let out = out["messages"].as_array().unwrap().clone();
+            // Pinned head first and unchanged.
+            let head = layout.head;
+            prop_assert_eq!(&out[..head], &messages[..head]);
+            prop_assert_eq!(out[head]["content"].as_str().unwrap().starts_with("Here is a summary"), true);
+            // The latest user message is there verbatim.
+            prop_assert!(out.contains(messages.last().unwrap()));
+            // Kept messages keep their relative order, and nothing is both kept and summarized.
+            let kept: Vec<usize> = (0..messages.len()).filter(|i| !to_summarize.contains(i)).collect();
+            prop_assert_eq!(kept.len() + 1, out.len());
+            // Order: pinned, summary, excluded (in order), then the tail in order.
+            let mut expected = messages[..head].to_vec();
+            expected.push(out[head].clone());
+            expected.extend(layout.excluded.iter().map(|&i| messages[i].clone()));
+            expected.extend(messages[layout.cut..].iter().cloned());
+            prop_assert_eq!(&out, &expected);
+            // Whatever OpenAI's validation accepted before, it accepts after.
+            let before = json!({"messages": messages});
+            let after = json!({"messages": out});
+            if compactor::mock_upstream::validate_messages(&before).is_ok() {
+                let verdict = compactor::mock_upstream::validate_messages(&after);
+                prop_assert!(verdict.is_ok(), "{:?}", verdict);
+            }
+
+            // Planning the same request with its summary cached reuses or passes through.
+            let cached = CachedSummary { cut: layout.cut, excluded: layout.excluded.clone(), text: "S".into(), tokens: settings.summary_estimate_tokens };
+            let key = first.chain.as_ref().unwrap()[layout.cut];
+            struct Exact(Digest, CachedSummary);
+            impl SummaryLookup for Exact {
+                fn longest_prefix(&mut self, chain: &[Digest], min_len: usize) -> Option<CachedSummary> {
+                    (min_len..chain.len()).rev().find(|&i| chain[i] == self.0).map(|_| self.1.clone())
+                }
+            }
+            let again = plan(&conversation, &settings, &TokenModel::default(), false, &mut Exact(key, cached));
+            prop_assert!(matches!(again.decision, Decision::Reuse { .. } | Decision::PassThrough { .. }), "{:?}", again.decision);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+            if let Ok(conversation) = Conversation::parse(&bytes) {
+                let settings = settings(vec![ContextSize::Messages(1)], ContextSize::Messages(1), Some(0.75));
+                let _ = plan(&conversation, &settings, &TokenModel::default(), false, &mut NoCache);
+            }
+        }
+    }
+}
