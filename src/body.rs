@@ -7,11 +7,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use tokio::time::Sleep;
+
+use crate::config::NoticeMode;
+use crate::sse::{self, Notice};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -33,22 +38,75 @@ pub fn empty() -> ProxyBody {
 pub struct IdleTimeout(pub Duration);
 
 /// An upstream response body forwarded frame by frame: each frame is handed on as soon as it
-/// arrives (never coalesced), `prelude` (the compaction notice) goes out first, and a silence
-/// longer than `idle` ends the body with an error so a stuck upstream cannot pin a client forever.
+/// arrives (never coalesced), the compaction notice (if any) goes out first, and a silence
+/// longer than `idle` ends the body with an error so a stuck upstream cannot pin a client.
 pub struct UpstreamBody<B> {
     inner: B,
-    prelude: Option<Bytes>,
+    notice: NoticeState,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
+enum NoticeState {
+    None,
+    /// Frames to send before reading anything more from upstream.
+    Pending(VecDeque<Bytes>),
+    /// `chunk` mode: upstream bytes held until its first event is complete.
+    AwaitingFirstEvent {
+        message: String,
+        buffered: BytesMut,
+    },
+}
+
+/// Held upstream bytes beyond which `chunk` mode gives up on finding the first event.
+const FIRST_EVENT_LIMIT: usize = 64 * 1024;
+
 impl<B> UpstreamBody<B> {
-    pub fn new(inner: B, idle: Duration, prelude: Option<Bytes>) -> Self {
+    pub fn new(inner: B, idle: Duration, notice: Option<Notice>) -> Self {
+        let notice = match notice {
+            None => NoticeState::None,
+            Some(Notice { mode, message }) => match mode {
+                NoticeMode::Off => NoticeState::None,
+                NoticeMode::Comment => {
+                    NoticeState::Pending(VecDeque::from([sse::comment(&message)]))
+                }
+                NoticeMode::Named => NoticeState::Pending(VecDeque::from([sse::named(&message)])),
+                NoticeMode::Chunk => NoticeState::AwaitingFirstEvent {
+                    message,
+                    buffered: BytesMut::new(),
+                },
+            },
+        };
         UpstreamBody {
             inner,
-            prelude,
+            notice,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl<B> UpstreamBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    fn poll_upstream(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let idle = self.idle;
+                self.deadline
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + idle);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout(self.idle))))),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 }
@@ -65,38 +123,62 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(prelude) = self.prelude.take() {
-            return Poll::Ready(Some(Ok(Frame::data(prelude))));
-        }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                let idle = self.idle;
-                self.deadline
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + idle);
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+        loop {
+            match &mut self.notice {
+                NoticeState::None => return self.poll_upstream(cx),
+                NoticeState::Pending(frames) => match frames.pop_front() {
+                    Some(frame) => return Poll::Ready(Some(Ok(Frame::data(frame)))),
+                    None => self.notice = NoticeState::None,
+                },
+                NoticeState::AwaitingFirstEvent { .. } => {
+                    let polled = self.poll_upstream(cx);
+                    let NoticeState::AwaitingFirstEvent { message, buffered } = &mut self.notice
+                    else {
+                        return polled;
+                    };
+                    let mut finished = false;
+                    match polled {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                            Ok(data) => buffered.extend_from_slice(&data),
+                            // Trailers: flush what we hold, then pass them on.
+                            Err(frame) => {
+                                let held = std::mem::take(buffered).freeze();
+                                let notice = sse::comment(message);
+                                self.notice = NoticeState::Pending(VecDeque::from([notice, held]));
+                                return Poll::Ready(Some(Ok(frame)));
+                            }
+                        },
+                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                        Poll::Ready(None) => finished = true,
+                    }
+                    let end = sse::first_event_end(buffered);
+                    if end.is_none() && !finished && buffered.len() < FIRST_EVENT_LIMIT {
+                        continue;
+                    }
+                    let held = std::mem::take(buffered).freeze();
+                    let notice = end
+                        .and_then(|end| sse::chunk_from_first_event(&held[..end], message))
+                        .unwrap_or_else(|| sse::comment(message));
+                    let mut frames = VecDeque::from([notice]);
+                    if !held.is_empty() {
+                        frames.push_back(held);
+                    }
+                    self.notice = NoticeState::Pending(frames);
+                }
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout(self.idle))))),
-                Poll::Pending => Poll::Pending,
-            },
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prelude.is_none() && self.inner.is_end_stream()
+        matches!(self.notice, NoticeState::None) && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let mut hint = self.inner.size_hint();
-        if let Some(prelude) = &self.prelude {
-            let extra = prelude.len() as u64;
-            hint.set_lower(hint.lower() + extra);
-            if let Some(upper) = hint.upper() {
-                hint.set_upper(upper + extra);
-            }
+        match self.notice {
+            NoticeState::None => self.inner.size_hint(),
+            _ => SizeHint::default(),
         }
-        hint
     }
 }
 

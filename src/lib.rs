@@ -11,4 +11,5 @@ pub mod error;
 pub mod mock_upstream;
 pub mod proxy;
 pub mod server;
+pub mod sse;
 pub mod upstream;

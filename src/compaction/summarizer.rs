@@ -1,0 +1,163 @@
+//! The summarizer call: an OpenAI-compatible, non-streaming chat completion made with the
+//! upstream's own pooled client, parsed leniently. Behind a trait so the engine can be driven
+//! without a network.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request};
+use http_body_util::{BodyExt, Limited};
+use serde_json::{json, Value};
+
+use crate::body;
+use crate::upstream::Upstreams;
+
+/// One summarizer call.
+#[derive(Debug, Clone)]
+pub struct SummaryRequest {
+    pub upstream: String,
+    pub model: String,
+    pub prompt: String,
+    pub max_tokens: u64,
+    /// The client's credentials, used when the upstream has no key of its own.
+    pub client_authorization: Option<HeaderValue>,
+    pub client_api_key: Option<HeaderValue>,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SummaryError {
+    #[error("summarizer upstream '{0}' is not configured")]
+    NoUpstream(String),
+    #[error("summarizer call failed: {0}")]
+    Transport(String),
+    #[error("summarizer answered HTTP {0}")]
+    Status(u16),
+    #[error("summarizer did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("summarizer reply has no usable text")]
+    Blank,
+}
+
+pub type SummaryFuture = Pin<Box<dyn Future<Output = Result<String, SummaryError>> + Send>>;
+
+pub trait Summarizer: Send + Sync {
+    fn summarize(&self, request: SummaryRequest) -> SummaryFuture;
+}
+
+/// The real summarizer: POST `{base_url}/chat/completions` on the chosen upstream.
+pub struct HttpSummarizer {
+    upstreams: Arc<Upstreams>,
+    timeout: Duration,
+}
+
+/// Replies larger than this are not summaries.
+const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
+impl HttpSummarizer {
+    pub fn new(upstreams: Arc<Upstreams>, timeout: Duration) -> HttpSummarizer {
+        HttpSummarizer { upstreams, timeout }
+    }
+}
+
+impl Summarizer for HttpSummarizer {
+    fn summarize(&self, request: SummaryRequest) -> SummaryFuture {
+        let upstreams = self.upstreams.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, call(&upstreams, &request)).await {
+                Ok(result) => result,
+                Err(_) => Err(SummaryError::Timeout(timeout)),
+            }
+        })
+    }
+}
+
+async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String, SummaryError> {
+    let upstream = upstreams
+        .by_name(&request.upstream)
+        .ok_or_else(|| SummaryError::NoUpstream(request.upstream.clone()))?;
+    let payload = json!({
+        "model": request.model,
+        "messages": [{"role": "user", "content": request.prompt}],
+        "max_tokens": request.max_tokens,
+        "stream": false,
+    });
+    let uri = upstream
+        .url_for("/chat/completions", None)
+        .map_err(|e| SummaryError::Transport(e.to_string()))?;
+    let mut builder = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json");
+    if let Some(auth) = upstream.authorization_for(request.client_authorization.as_ref()) {
+        builder = builder.header(header::AUTHORIZATION, auth);
+    } else if let Some(key) = &request.client_api_key {
+        builder = builder.header("api-key", key.clone());
+    }
+    for (name, value) in upstream.extra_headers() {
+        builder = builder.header(name, value.clone());
+    }
+    let http_request = builder
+        .body(body::full(Bytes::from(payload.to_string())))
+        .map_err(|e| SummaryError::Transport(e.to_string()))?;
+    let response = upstream
+        .client
+        .request(http_request)
+        .await
+        .map_err(|e| SummaryError::Transport(e.to_string()))?;
+    let status = response.status();
+    let bytes = Limited::new(response.into_body(), MAX_REPLY_BYTES)
+        .collect()
+        .await
+        .map_err(|e| SummaryError::Transport(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(SummaryError::Status(status.as_u16()));
+    }
+    extract_text(&bytes).ok_or(SummaryError::Blank)
+}
+
+/// `choices[0].message.content` as a string or as text parts; blank counts as nothing.
+pub fn extract_text(reply: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(reply).ok()?;
+    let content = value.pointer("/choices/0/message/content")?;
+    let text = match content {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => return None,
+    };
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_parsed_leniently() {
+        assert_eq!(
+            extract_text(br#"{"choices":[{"message":{"content":"  sum  "}}]}"#).as_deref(),
+            Some("sum")
+        );
+        assert_eq!(
+            extract_text(br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}}]}"#).as_deref(),
+            Some("ab")
+        );
+        assert_eq!(
+            extract_text(br#"{"choices":[{"message":{"content":"   "}}]}"#),
+            None
+        );
+        assert_eq!(extract_text(br#"{"choices":[]}"#), None);
+        assert_eq!(extract_text(b"<html>"), None);
+    }
+}

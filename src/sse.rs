@@ -1,0 +1,113 @@
+//! The `context_compacting` notice in its three wire forms (DESIGN.md §4 and
+//! `reference/sse-clients.md`): always written before the upstream's first byte, never inside
+//! an upstream event.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::config::NoticeMode;
+
+/// What to announce on a stream whose request was just summarized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub mode: NoticeMode,
+    pub message: String,
+}
+
+fn payload(message: &str) -> Value {
+    json!({"type": "context_compacting", "message": message})
+}
+
+/// `: context_compacting {...}` and a blank line: every SDK drops comments, and at the very
+/// start of the body no `id:` has been seen yet (openai-python mis-parses comments after one).
+pub fn comment(message: &str) -> Bytes {
+    Bytes::from(format!(": context_compacting {}\n\n", payload(message)))
+}
+
+/// `event: context_compacting` + `data: {...}`, for UIs that dispatch on event names.
+pub fn named(message: &str) -> Bytes {
+    Bytes::from(format!(
+        "event: context_compacting\ndata: {}\n\n",
+        payload(message)
+    ))
+}
+
+/// A `chat.completion.chunk` with `choices: []` carrying the upstream's own id/created/model
+/// (copied from its first event), so strict parsers and stream helpers accept it. None when
+/// the first event is not a JSON chunk with an id (the caller then falls back to a comment).
+pub fn chunk_from_first_event(first_event: &[u8], message: &str) -> Option<Bytes> {
+    let text = std::str::from_utf8(first_event).ok()?;
+    let data: String = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let event: Value = serde_json::from_str(&data).ok()?;
+    let id = event.get("id")?.as_str()?;
+    let chunk = json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": event.get("created").cloned().unwrap_or(json!(0)),
+        "model": event.get("model").cloned().unwrap_or(json!("")),
+        "choices": [],
+        "context_compacting": payload(message),
+    });
+    Some(Bytes::from(format!("data: {chunk}\n\n")))
+}
+
+/// End (exclusive) of the first complete event in `buffer`: after a blank line in any of the
+/// three line-ending styles.
+pub fn first_event_end(buffer: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i < buffer.len() {
+        match buffer[i] {
+            b'\n' if buffer.get(i + 1) == Some(&b'\n') => return Some(i + 2),
+            b'\r' if buffer[i + 1..].starts_with(b"\n\r\n") => return Some(i + 4),
+            b'\r' if buffer.get(i + 1) == Some(&b'\r') => return Some(i + 2),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comment_and_named_forms() {
+        assert_eq!(
+            comment("hi"),
+            ": context_compacting {\"type\":\"context_compacting\",\"message\":\"hi\"}\n\n"
+        );
+        assert_eq!(
+            named("hi"),
+            "event: context_compacting\ndata: {\"type\":\"context_compacting\",\"message\":\"hi\"}\n\n"
+        );
+    }
+
+    #[test]
+    fn chunk_copies_the_upstreams_identity() {
+        let first = b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":17,\"model\":\"gpt-4o\",\"choices\":[]}\n\n";
+        let chunk = chunk_from_first_event(first, "m").unwrap();
+        let text = std::str::from_utf8(&chunk).unwrap();
+        let value: Value = serde_json::from_str(text.trim_start_matches("data: ").trim()).unwrap();
+        assert_eq!(value["id"], "chatcmpl-1");
+        assert_eq!(value["created"], 17);
+        assert_eq!(value["model"], "gpt-4o");
+        assert_eq!(value["choices"], json!([]));
+        assert_eq!(value["context_compacting"]["type"], "context_compacting");
+        assert!(chunk_from_first_event(b"data: [DONE]\n\n", "m").is_none());
+        assert!(chunk_from_first_event(b": ping\n\n", "m").is_none());
+    }
+
+    #[test]
+    fn event_ends_in_every_line_ending_style() {
+        assert_eq!(first_event_end(b"data: a\n\ndata: b\n\n"), Some(9));
+        assert_eq!(first_event_end(b"data: a\r\n\r\nrest"), Some(11));
+        assert_eq!(first_event_end(b"data: a\r\rrest"), Some(9));
+        assert_eq!(first_event_end(b"data: partial\n"), None);
+    }
+}
