@@ -15,10 +15,11 @@ START_TIMEOUT_S = 20
 
 class Process:
     def __init__(self, args, env=None):
+        self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.log,
             text=True,
             env={**os.environ, **(env or {})},
         )
@@ -26,7 +27,8 @@ class Process:
         line = self.proc.stdout.readline()
         if "listening on http://" not in line:
             self.stop()
-            raise RuntimeError(f"{args[0]} did not start: {line!r}")
+            self.log.seek(0)
+            raise RuntimeError(f"{args[0]} did not start: {line!r} {self.log.read()}")
         self.url = line.strip().rsplit(" ", 1)[-1]
 
     def stop(self):
@@ -38,15 +40,19 @@ class Process:
 
 
 def start_compactor(upstream_url, summarization="", extra=""):
-    """Starts compactor in front of `upstream_url` with optional YAML blocks."""
-    config = textwrap.dedent(
-        f"""\
-        listen: 127.0.0.1:0
-        upstreams:
-          - name: mock
-            base_url: {upstream_url}/v1
-        """
-    ) + extra + summarization
+    """Starts compactor in front of `upstream_url`; `extra` adds upstreams, `summarization` a block."""
+    config = (
+        textwrap.dedent(
+            f"""\
+            listen: 127.0.0.1:0
+            upstreams:
+              - name: mock
+                base_url: {upstream_url}/v1
+            """
+        )
+        + extra
+        + summarization
+    )
     handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     handle.write(config)
     handle.close()
@@ -72,3 +78,33 @@ def compactor(mock_upstream):
 @pytest.fixture
 def base_url(compactor):
     return compactor.url + "/v1"
+
+
+@pytest.fixture(scope="session")
+def summarizer():
+    process = Process([str(BIN_DIR / "mock-upstream"), "--listen", "127.0.0.1:0", "--mode", "summarizer"])
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def compacting(mock_upstream, summarizer):
+    """compactor with compaction on: 8+ messages trigger, 2 kept, summaries from `summarizer`."""
+    extra = (
+        "  - name: summarizer\n"
+        f"    base_url: {summarizer.url}/v1\n"
+        '    models: ["summarizer-*"]\n'
+    )
+    summarization = textwrap.dedent(
+        """\
+        summarization:
+          enabled: true
+          upstream: summarizer
+          model_name: summarizer-model
+          trigger: [{type: messages, value: 8}]
+          keep: {type: messages, value: 2}
+        """
+    )
+    process = start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
+    yield process
+    process.stop()
