@@ -45,7 +45,7 @@ struct RequestView<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    messages: &'a RawValue,
+    messages: Vec<&'a RawValue>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -87,7 +87,7 @@ struct FunctionView<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
+    arguments: Option<&'a RawValue>,
 }
 
 /// One tool call of an assistant message.
@@ -95,7 +95,20 @@ struct FunctionView<'a> {
 pub struct ToolCall<'a> {
     pub id: Cow<'a, str>,
     pub name: Cow<'a, str>,
-    pub arguments: Cow<'a, str>,
+    /// The `arguments` JSON string literal as sent; decoded on demand by [`ToolCall::arguments`].
+    pub arguments_raw: Option<&'a RawValue>,
+}
+
+impl<'a> ToolCall<'a> {
+    /// The decoded arguments text (a JSON document in a JSON string, by the API's convention).
+    pub fn arguments(&self) -> Cow<'a, str> {
+        match self.arguments_raw {
+            Some(raw) => {
+                serde_json::from_str::<Cow<'a, str>>(raw.get()).unwrap_or(Cow::Borrowed(raw.get()))
+            }
+            None => Cow::Borrowed(""),
+        }
+    }
 }
 
 /// One message: its original bytes plus what planning needs.
@@ -140,11 +153,9 @@ impl<'a> Conversation<'a> {
         let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
         let view: RequestView<'a> =
             serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
-        let raw_messages: Vec<&'a RawValue> = serde_json::from_str(view.messages.get())
-            .map_err(|e| ParseError::NotChat(format!("messages: {e}")))?;
-        let start = offset_in(text, view.messages.get());
-        let messages_span = start..start + view.messages.get().len();
-        let messages = raw_messages
+        let messages_span = array_span(text, &view.messages);
+        let messages = view
+            .messages
             .into_iter()
             .enumerate()
             .map(|(i, raw)| Message::parse(raw).map_err(|e| ParseError::BadMessage(i, e)))
@@ -185,6 +196,28 @@ fn offset_in(outer: &str, inner: &str) -> usize {
     (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize)
 }
 
+/// The byte range of the array holding `items` (slices of `text`): JSON allows only whitespace
+/// between the brackets and the first and last items. Empty for an empty array, which is never
+/// rewritten.
+fn array_span(text: &str, items: &[&RawValue]) -> std::ops::Range<usize> {
+    let (Some(first), Some(last)) = (items.first(), items.last()) else {
+        return 0..0;
+    };
+    let bytes = text.as_bytes();
+    let mut start = offset_in(text, first.get());
+    while start > 0 && bytes[start - 1].is_ascii_whitespace() {
+        start -= 1;
+    }
+    let mut end = offset_in(text, last.get()) + last.get().len();
+    while end < bytes.len() && bytes[end].is_ascii_whitespace() {
+        end += 1;
+    }
+    if start == 0 || bytes[start - 1] != b'[' || bytes.get(end) != Some(&b']') {
+        return 0..0;
+    }
+    start - 1..end + 1
+}
+
 impl<'a> Message<'a> {
     pub fn parse(raw: &'a RawValue) -> Result<Message<'a>, String> {
         let view: MessageView<'a> = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
@@ -196,17 +229,14 @@ impl<'a> Message<'a> {
                 calls
                     .into_iter()
                     .map(|call| {
-                        let (name, arguments) = match call.function {
-                            Some(f) => (
-                                f.name.unwrap_or(Cow::Borrowed("")),
-                                f.arguments.unwrap_or(Cow::Borrowed("")),
-                            ),
-                            None => (Cow::Borrowed(""), Cow::Borrowed("")),
+                        let (name, arguments_raw) = match call.function {
+                            Some(f) => (f.name.unwrap_or(Cow::Borrowed("")), f.arguments),
+                            None => (Cow::Borrowed(""), None),
                         };
                         ToolCall {
                             id: call.id.unwrap_or(Cow::Borrowed("")),
                             name,
-                            arguments,
+                            arguments_raw,
                         }
                     })
                     .collect()
@@ -423,7 +453,7 @@ mod tests {
             (
                 call.id.as_ref(),
                 call.name.as_ref(),
-                call.arguments.as_ref()
+                call.arguments().as_ref()
             ),
             ("c1", "f", "{\"a\":1}")
         );

@@ -16,10 +16,11 @@ pub fn prefix_chain(messages: &[Message<'_>]) -> Vec<Digest> {
     let mut chain = Vec::with_capacity(messages.len() + 1);
     let mut current = *blake3::hash(b"compactor prefix chain v1").as_bytes();
     chain.push(current);
+    let mut scratch = Vec::new();
     for message in messages {
         let mut hasher = blake3::Hasher::new();
         hasher.update(&current);
-        hasher.update(&message_digest(message));
+        hasher.update(&digest_with(message, &mut scratch));
         current = *hasher.finalize().as_bytes();
         chain.push(current);
     }
@@ -27,21 +28,29 @@ pub fn prefix_chain(messages: &[Message<'_>]) -> Vec<Digest> {
 }
 
 pub fn message_digest(message: &Message<'_>) -> Digest {
+    digest_with(message, &mut Vec::new())
+}
+
+/// `scratch` is reused across messages for decoded strings, so each field is one hasher update.
+fn digest_with(message: &Message<'_>, scratch: &mut Vec<u8>) -> Digest {
     let mut hasher = blake3::Hasher::new();
     field(&mut hasher, b"role", message.role_text.as_bytes());
     if let Some(name) = &message.name {
         field(&mut hasher, b"name", name.as_bytes());
     }
     if let Some(content) = message.content {
-        field(&mut hasher, b"content", canonical(content.get()).as_bytes());
+        json_field(&mut hasher, b"content", content.get(), scratch);
     }
     if let Some(refusal) = message.refusal {
-        field(&mut hasher, b"refusal", canonical(refusal.get()).as_bytes());
+        json_field(&mut hasher, b"refusal", refusal.get(), scratch);
     }
     for call in &message.tool_calls {
         field(&mut hasher, b"call.id", call.id.as_bytes());
         field(&mut hasher, b"call.name", call.name.as_bytes());
-        field(&mut hasher, b"call.arguments", call.arguments.as_bytes());
+        match call.arguments_raw {
+            Some(raw) => json_field(&mut hasher, b"call.arguments", raw.get(), scratch),
+            None => field(&mut hasher, b"call.arguments", b""),
+        }
     }
     if let Some(id) = &message.tool_call_id {
         field(&mut hasher, b"tool_call_id", id.as_bytes());
@@ -57,13 +66,78 @@ fn field(hasher: &mut blake3::Hasher, tag: &[u8], value: &[u8]) {
     hasher.update(value);
 }
 
-/// A string's decoded text, or any other JSON value with sorted keys and no whitespace.
-fn canonical(raw: &str) -> Cow<'_, str> {
-    if raw.starts_with('"') {
-        if let Ok(text) = serde_json::from_str::<Cow<'_, str>>(raw) {
-            return text;
+/// A JSON value's meaning as a field: a string's decoded text (streamed into the hasher, no
+/// copy), any other value with sorted keys and no whitespace. Framed as tag, value, value length,
+/// which parses back unambiguously from the end.
+fn json_field(hasher: &mut blake3::Hasher, tag: &[u8], raw: &str, scratch: &mut Vec<u8>) {
+    hasher.update(&(tag.len() as u64).to_le_bytes());
+    hasher.update(tag);
+    let written = if raw.starts_with('"') && raw.len() >= 2 {
+        scratch.clear();
+        decode_string_into(&raw[1..raw.len() - 1], scratch);
+        hasher.update(scratch);
+        scratch.len() as u64
+    } else {
+        let text = canonical(raw);
+        hasher.update(text.as_bytes());
+        text.len() as u64
+    };
+    hasher.update(&written.to_le_bytes());
+}
+
+/// Appends the decoded text of a JSON string body (without quotes) to `out`.
+fn decode_string_into(body: &str, out: &mut Vec<u8>) {
+    let bytes = body.as_bytes();
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
         }
+        out.extend_from_slice(&bytes[start..i]);
+        let (decoded, used) = decode_escape(body, i);
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(decoded.encode_utf8(&mut buf).as_bytes());
+        i += used;
+        start = i;
     }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+/// The character an escape at `at` stands for, and how many bytes the escape used.
+fn decode_escape(body: &str, at: usize) -> (char, usize) {
+    let hex = |from: usize| {
+        body.get(from..from + 4)
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+    };
+    match body.as_bytes().get(at + 1) {
+        Some(b'n') => ('\n', 2),
+        Some(b't') => ('\t', 2),
+        Some(b'r') => ('\r', 2),
+        Some(b'b') => ('\u{8}', 2),
+        Some(b'f') => ('\u{c}', 2),
+        Some(b'u') => match hex(at + 2) {
+            Some(high @ 0xD800..=0xDBFF) if body.get(at + 6..at + 8) == Some("\\u") => {
+                match hex(at + 8) {
+                    Some(low @ 0xDC00..=0xDFFF) => (
+                        char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+                            .unwrap_or('\u{fffd}'),
+                        12,
+                    ),
+                    _ => ('\u{fffd}', 6),
+                }
+            }
+            Some(code) => (char::from_u32(code).unwrap_or('\u{fffd}'), 6),
+            None => ('\u{fffd}', 2),
+        },
+        Some(&other) => (other as char, 2),
+        None => ('\\', 1),
+    }
+}
+
+/// Any JSON value with sorted keys and no whitespace (strings decoded).
+fn canonical(raw: &str) -> Cow<'_, str> {
     match serde_json::from_str::<Value>(raw) {
         Ok(value) => {
             let mut out = String::with_capacity(raw.len());
@@ -121,6 +195,16 @@ mod tests {
         let b = digests(
             r#"{"messages":[ { "content" : [ {"text":"hi", "type":"text"} ], "role":"user", "x":1 } ]}"#,
         );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn escaped_and_literal_forms_of_the_same_text_agree() {
+        let a = digests(
+            r#"{"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00\n\"q\" \/"}]}"#,
+        );
+        let b =
+            digests("{\"messages\":[{\"role\":\"user\",\"content\":\"café 😀\\n\\\"q\\\" /\"}]}");
         assert_eq!(a, b);
     }
 

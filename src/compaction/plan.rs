@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use super::conversation::{Conversation, Role};
 use super::digest::{prefix_chain, Digest};
+use super::rewrite::validate_layout;
 use super::tokens::TokenModel;
 use crate::config::{ContextSize, SummarizationConfig};
 
@@ -128,9 +129,17 @@ pub struct Plan {
     pub cache_hit: bool,
 }
 
+/// A tool-call group that read skill files: rescued whole.
+struct SkillBundle {
+    start: usize,
+    /// Tokens of the whole group (assistant and every result), which is what stays verbatim.
+    tokens: u64,
+    /// The group's skill paths, sorted and joined: one bundle per distinct set.
+    key: String,
+}
+
 /// Per-request facts every step reads.
-struct Analysis<'c, 'a> {
-    conversation: &'c Conversation<'a>,
+struct Analysis {
     tokens: Vec<u64>,
     /// `suffix[i]` = tokens of `messages[i..]`.
     suffix: Vec<u64>,
@@ -147,6 +156,7 @@ struct Analysis<'c, 'a> {
     group_end: Vec<usize>,
     thresholds: Vec<Threshold>,
     model: TokenModel,
+    skill_bundles: Vec<SkillBundle>,
 }
 
 /// Plans one request. `force` compacts even under every trigger (`x-compactor: force`).
@@ -157,8 +167,9 @@ pub fn plan(
     force: bool,
     cache: &mut dyn SummaryLookup,
 ) -> Plan {
-    let analysis = Analysis::new(conversation, settings, model);
-    let tokens_before = analysis.total_tokens();
+    let tokens = conversation.message_tokens(model);
+    let thresholds = thresholds(settings, model, conversation.output_reserve);
+    let tokens_before = conversation.schema_tokens(model) + tokens.iter().sum::<u64>();
     let pass = |reason| Plan {
         decision: Decision::PassThrough { reason },
         tokens_before,
@@ -167,9 +178,17 @@ pub fn plan(
         cache_hit: false,
     };
     // Threshold first: under every trigger nothing else is computed and the cache is not read.
-    if !force && !analysis.over_any(tokens_before, conversation.messages.len() as u64, 1.0) {
+    if !force
+        && !over_any(
+            &thresholds,
+            tokens_before,
+            conversation.messages.len() as u64,
+            1.0,
+        )
+    {
         return pass("under_trigger");
     }
+    let analysis = Analysis::new(conversation, settings, model, tokens, thresholds);
     if analysis.max_cut <= analysis.head {
         return pass("nothing_to_summarize");
     }
@@ -177,10 +196,19 @@ pub fn plan(
     let cached = cache
         .longest_prefix(&chain, analysis.head + 1)
         .filter(|c| analysis.usable(c));
-    let decision = match &cached {
+    let mut decision = match &cached {
         Some(summary) => analysis.plan_with_cache(settings, summary.clone(), force),
         None => analysis.plan_fresh(settings),
     };
+    // A layout whose verbatim messages do not form a valid list (the request itself has an
+    // unanswered call or an orphan result) is never worth a summarizer call.
+    if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
+        if validate_layout(conversation, layout).is_err() {
+            decision = Decision::PassThrough {
+                reason: "invalid_tool_structure",
+            };
+        }
+    }
     Plan {
         decision,
         tokens_before,
@@ -196,23 +224,41 @@ pub fn over_trigger(
     settings: &PlanSettings,
     model: &TokenModel,
 ) -> (bool, u64) {
-    let analysis = Analysis::new(conversation, settings, model);
-    let tokens = analysis.total_tokens();
+    let tokens =
+        conversation.schema_tokens(model) + conversation.message_tokens(model).iter().sum::<u64>();
+    let thresholds = thresholds(settings, model, conversation.output_reserve);
     (
-        analysis.over_any(tokens, conversation.messages.len() as u64, 1.0),
+        over_any(&thresholds, tokens, conversation.messages.len() as u64, 1.0),
         tokens,
     )
 }
 
-impl<'c, 'a> Analysis<'c, 'a> {
+fn thresholds(settings: &PlanSettings, model: &TokenModel, output_reserve: u64) -> Vec<Threshold> {
+    settings
+        .triggers
+        .iter()
+        .filter_map(|size| threshold(*size, model, output_reserve))
+        .collect()
+}
+
+/// Whether (tokens, messages) reach `factor ×` any threshold (`>=`).
+fn over_any(thresholds: &[Threshold], tokens: u64, messages: u64, factor: f64) -> bool {
+    thresholds.iter().any(|t| match *t {
+        Threshold::Tokens(v) => tokens as f64 >= factor * v as f64,
+        Threshold::Messages(v) => messages as f64 >= factor * v as f64,
+    })
+}
+
+impl Analysis {
     fn new(
-        conversation: &'c Conversation<'a>,
+        conversation: &Conversation<'_>,
         settings: &PlanSettings,
         model: &TokenModel,
+        tokens: Vec<u64>,
+        thresholds: Vec<Threshold>,
     ) -> Self {
         let messages = &conversation.messages;
         let n = messages.len();
-        let tokens = conversation.message_tokens(model);
         let mut suffix = vec![0u64; n + 1];
         for i in (0..n).rev() {
             suffix[i] = suffix[i + 1] + tokens[i];
@@ -262,13 +308,10 @@ impl<'c, 'a> Analysis<'c, 'a> {
             .find(|&c| valid_cut[c])
             .unwrap_or(0);
         let latest_user = messages.iter().rposition(|m| m.role == Role::User);
-        let thresholds = settings
-            .triggers
-            .iter()
-            .filter_map(|size| threshold(*size, model, conversation.output_reserve))
-            .collect();
+        let skill_bundles =
+            skill_bundles(conversation, settings, &tokens, &group_start, &group_end);
         Analysis {
-            conversation,
+            skill_bundles,
             tokens,
             suffix,
             pinned_tokens,
@@ -288,16 +331,8 @@ impl<'c, 'a> Analysis<'c, 'a> {
         self.tokens.len()
     }
 
-    fn total_tokens(&self) -> u64 {
-        self.schema_tokens + self.suffix[0]
-    }
-
-    /// Whether (tokens, messages) reach `factor ×` any threshold (`>=`).
     fn over_any(&self, tokens: u64, messages: u64, factor: f64) -> bool {
-        self.thresholds.iter().any(|t| match *t {
-            Threshold::Tokens(v) => tokens as f64 >= factor * v as f64,
-            Threshold::Messages(v) => messages as f64 >= factor * v as f64,
-        })
+        over_any(&self.thresholds, tokens, messages, factor)
     }
 
     /// Whether the compacted size satisfies headroom (strictly under `headroom × threshold`).
@@ -409,54 +444,30 @@ impl<'c, 'a> Analysis<'c, 'a> {
         carried: &[usize],
     ) -> Vec<usize> {
         let skills = &settings.skills;
-        if skills.max_count == 0 || skills.max_tokens == 0 {
-            return Vec::new();
-        }
-        let messages = &self.conversation.messages;
         let mut chosen = Vec::new();
-        let mut seen_keys: Vec<String> = Vec::new();
+        let mut seen_keys: Vec<&str> = Vec::new();
         let mut total = 0u64;
-        for start in (self.head..cut).rev() {
-            if self.group_start[start] != start || !messages[start].has_tool_calls() {
+        for bundle in self.skill_bundles.iter().rev() {
+            if bundle.start >= cut || bundle.start < self.head {
                 continue;
             }
-            if start < floor && !carried.contains(&start) {
+            if bundle.start < floor && !carried.contains(&bundle.start) {
                 continue;
             }
             if chosen.len() as u64 >= skills.max_count {
                 break;
             }
-            let members: Vec<usize> = (start..=self.group_end[start])
-                .filter(|&i| self.group_start[i] == start)
-                .collect();
-            let answered: Vec<&str> = members
-                .iter()
-                .filter_map(|&i| messages[i].tool_call_id.as_deref())
-                .collect();
-            let mut paths: Vec<String> = messages[start]
-                .tool_calls
-                .iter()
-                .filter(|call| answered.contains(&call.id.as_ref()))
-                .filter(|call| skills.tool_names.iter().any(|n| n == call.name.as_ref()))
-                .filter_map(|call| skill_path(&call.arguments, &skills.container_path))
-                .collect();
-            if paths.is_empty() {
+            if seen_keys.contains(&bundle.key.as_str()) {
                 continue;
             }
-            paths.sort();
-            let key = paths.join("|");
-            if seen_keys.contains(&key) {
-                continue;
-            }
-            let group_tokens: u64 = members.iter().map(|&i| self.tokens[i]).sum();
-            if group_tokens > skills.max_tokens_per_skill
-                || total + group_tokens > skills.max_tokens
+            if bundle.tokens > skills.max_tokens_per_skill
+                || total + bundle.tokens > skills.max_tokens
             {
                 continue;
             }
-            total += group_tokens;
-            seen_keys.push(key);
-            chosen.push(start);
+            total += bundle.tokens;
+            seen_keys.push(&bundle.key);
+            chosen.push(bundle.start);
         }
         chosen.reverse();
         chosen
@@ -562,6 +573,59 @@ impl<'c, 'a> Analysis<'c, 'a> {
             previous: Some(cached),
         }
     }
+}
+
+/// Every group whose calls read skill files (name in the configured list, path under the
+/// container) and got their results.
+fn skill_bundles(
+    conversation: &Conversation<'_>,
+    settings: &PlanSettings,
+    tokens: &[u64],
+    group_start: &[usize],
+    group_end: &[usize],
+) -> Vec<SkillBundle> {
+    let skills = &settings.skills;
+    if skills.max_count == 0 || skills.max_tokens == 0 {
+        return Vec::new();
+    }
+    let messages = &conversation.messages;
+    let mut bundles = Vec::new();
+    for (start, message) in messages.iter().enumerate() {
+        if !message.has_tool_calls() || group_start[start] != start {
+            continue;
+        }
+        let reads_skills = message
+            .tool_calls
+            .iter()
+            .any(|call| skills.tool_names.iter().any(|n| n == call.name.as_ref()));
+        if !reads_skills {
+            continue;
+        }
+        let members: Vec<usize> = (start..=group_end[start])
+            .filter(|&i| group_start[i] == start)
+            .collect();
+        let answered: Vec<&str> = members
+            .iter()
+            .filter_map(|&i| messages[i].tool_call_id.as_deref())
+            .collect();
+        let mut paths: Vec<String> = message
+            .tool_calls
+            .iter()
+            .filter(|call| answered.contains(&call.id.as_ref()))
+            .filter(|call| skills.tool_names.iter().any(|n| n == call.name.as_ref()))
+            .filter_map(|call| skill_path(&call.arguments(), &skills.container_path))
+            .collect();
+        if paths.is_empty() {
+            continue;
+        }
+        paths.sort();
+        bundles.push(SkillBundle {
+            start,
+            tokens: members.iter().map(|&i| tokens[i]).sum(),
+            key: paths.join("|"),
+        });
+    }
+    bundles
 }
 
 fn threshold(size: ContextSize, model: &TokenModel, output_reserve: u64) -> Option<Threshold> {

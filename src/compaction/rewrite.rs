@@ -27,6 +27,8 @@ pub enum ValidationError {
     UnansweredCall(String),
     #[error("the summary message is not valid JSON")]
     BadSummary,
+    #[error("the messages array could not be located in the body")]
+    NoMessagesArray,
 }
 
 /// The new body: the original bytes with only the `messages` array replaced.
@@ -49,6 +51,9 @@ pub fn rewrite(
 
     let body = conversation.body;
     let span = conversation.messages_span.clone();
+    if span.is_empty() {
+        return Err(ValidationError::NoMessagesArray);
+    }
     let array_len: usize = order.iter().map(|m| m.raw.get().len() + 1).sum::<usize>() + 1;
     let mut out = Vec::with_capacity(body.len() - span.len() + array_len);
     out.extend_from_slice(&body[..span.start]);
@@ -62,6 +67,21 @@ pub fn rewrite(
     out.push(b']');
     out.extend_from_slice(&body[span.end..]);
     Ok(out)
+}
+
+/// Whether a layout's verbatim messages (`[pinned…, excluded…, kept…]`) form a valid list: the
+/// summary has no tool calls, so this is checked before any summarizer call is paid for.
+pub fn validate_layout(
+    conversation: &Conversation<'_>,
+    layout: &Layout,
+) -> Result<(), ValidationError> {
+    let messages = &conversation.messages;
+    validate(
+        messages[..layout.head]
+            .iter()
+            .chain(layout.excluded.iter().map(|&i| &messages[i]))
+            .chain(messages[layout.cut..].iter()),
+    )
 }
 
 /// Every tool message answers a pending call of an earlier assistant; every call is answered,

@@ -286,7 +286,9 @@ fn format_message(message: &Message<'_>) -> String {
         }
         body.push_str(&format!(
             "→ calls {}({}) [{}]",
-            call.name, call.arguments, call.id
+            call.name,
+            call.arguments(),
+            call.id
         ));
     }
     format!("{label}: {}", strip_base64(&body))

@@ -175,9 +175,7 @@ pub fn json_string_chars(raw: &str) -> CharCount {
             }
         } else if b < 0x80 {
             let start = i;
-            while i < bytes.len() && bytes[i] < 0x80 && bytes[i] != b'\\' {
-                i += 1;
-            }
+            i = plain_ascii_run_end(bytes, i);
             count.narrow += (i - start) as u64;
         } else {
             let width = utf8_width(b);
@@ -190,6 +188,28 @@ pub fn json_string_chars(raw: &str) -> CharCount {
         }
     }
     count
+}
+
+/// End of the run of ASCII bytes other than `\\` starting at `start`, eight bytes at a time.
+fn plain_ascii_run_end(bytes: &[u8], mut i: usize) -> usize {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const BACKSLASHES: u64 = 0x5C5C_5C5C_5C5C_5C5C;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let x = word ^ BACKSLASHES;
+        let has_backslash = x.wrapping_sub(ONES) & !x & HIGH;
+        if (word & HIGH) | has_backslash != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while i < bytes.len() && bytes[i] < 0x80 && bytes[i] != b'\\' {
+        i += 1;
+    }
+    i
 }
 
 fn utf8_width(lead: u8) -> usize {

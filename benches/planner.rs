@@ -1,0 +1,99 @@
+//! The planner alone, on generated agent conversations of 10 KB, 1 MB and 10 MB:
+//! the under-trigger check (parse + count) and the full plan + rewrite.
+
+use std::hint::black_box;
+
+use compactor::compaction::conversation::Conversation;
+use compactor::compaction::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
+use compactor::compaction::rewrite::{rewrite, summary_message};
+use compactor::compaction::tokens::TokenModel;
+use compactor::config::{ContextSize, SummarizationConfig, SummaryRole};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde_json::json;
+
+/// An agent conversation of about `target` bytes: system prompt, user turns, tool calls with
+/// results of a few hundred bytes, some escaped text and some CJK.
+fn conversation(target: usize) -> String {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Follow the rules.\n".repeat(20)}),
+    ];
+    let mut i = 0;
+    let mut size = 0;
+    // Whole rounds only, so every call has its result.
+    while size < target || i % 4 != 0 {
+        let turn = match i % 4 {
+            0 => {
+                json!({"role": "user", "content": format!("Step {i}: please look at \"src/main.rs\" and fix the bug.\n你好，世界。")})
+            }
+            1 => {
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{i}"), "type": "function",
+                    "function": {"name": "read_file", "arguments": format!("{{\"path\":\"/repo/src/file_{i}.rs\"}}")}}]})
+            }
+            2 => {
+                json!({"role": "tool", "tool_call_id": format!("call_{}", i - 1), "content": format!("fn main() {{\n    println!(\"{i}\");\n}}\n").repeat(12)})
+            }
+            _ => {
+                json!({"role": "assistant", "content": format!("I changed line {i}; the tests pass now. ").repeat(4)})
+            }
+        };
+        size += turn.to_string().len();
+        messages.push(turn);
+        i += 1;
+    }
+    messages.push(json!({"role": "user", "content": "What next?"}));
+    json!({"model": "gpt-4o", "stream": true, "temperature": 0.2, "messages": messages}).to_string()
+}
+
+fn settings(trigger: ContextSize) -> PlanSettings {
+    PlanSettings {
+        triggers: vec![trigger],
+        ..PlanSettings::from_config(&SummarizationConfig::default())
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let model = TokenModel::default();
+    let mut group = c.benchmark_group("planner");
+    for (label, size) in [
+        ("10KB", 10 * 1024),
+        ("1MB", 1024 * 1024),
+        ("10MB", 10 * 1024 * 1024),
+    ] {
+        let body = conversation(size);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.sample_size(if size > 2 * 1024 * 1024 { 10 } else { 50 });
+        let under = settings(ContextSize::Tokens(u64::MAX / 2));
+        group.bench_with_input(
+            BenchmarkId::new("under_trigger_check", label),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let conversation =
+                        Conversation::parse(black_box(body.as_bytes())).expect("parses");
+                    black_box(over_trigger(&conversation, &under, &model))
+                })
+            },
+        );
+        let over = settings(ContextSize::Messages(10));
+        let summary = summary_message(&"summary text ".repeat(60), SummaryRole::User);
+        group.bench_with_input(
+            BenchmarkId::new("plan_and_rewrite", label),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let conversation =
+                        Conversation::parse(black_box(body.as_bytes())).expect("parses");
+                    let plan = plan(&conversation, &over, &model, false, &mut NoCache);
+                    let Decision::Summarize { layout, .. } = plan.decision else {
+                        panic!("expected a summarize plan");
+                    };
+                    black_box(rewrite(&conversation, &layout, &summary).expect("valid"))
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(planner, benches);
+criterion_main!(planner);
