@@ -44,7 +44,9 @@ pub struct UpstreamBody<B> {
     inner: B,
     notice: NoticeState,
     idle: Duration,
-    deadline: Pin<Box<Sleep>>,
+    /// Armed only once the upstream makes us wait: a response that is already there (most
+    /// small ones) never touches the timer wheel.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 enum NoticeState {
@@ -81,7 +83,7 @@ impl<B> UpstreamBody<B> {
             inner,
             notice,
             idle,
-            deadline: Box::pin(tokio::time::sleep(idle)),
+            deadline: None,
         }
     }
 }
@@ -97,16 +99,20 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let idle = self.idle;
-                self.deadline
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + idle);
+                // The silence that counts starts after this frame.
+                self.deadline = None;
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout(self.idle))))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let idle = self.idle;
+                let deadline = self
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout(idle))))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 }
@@ -222,6 +228,9 @@ impl LoggedBody {
 }
 
 fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'static str) {
+    if !tracing::enabled!(target: "compactor::access", tracing::Level::INFO) {
+        return;
+    }
     let duration_ms = format!("{:.2}", elapsed.as_secs_f64() * 1000.0);
     let upstream = log.upstream.as_deref().unwrap_or("-");
     let model = log.model.as_deref().unwrap_or("-");
