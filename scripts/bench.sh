@@ -50,7 +50,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
+  for file in "$work"/*.pid; do [ -f "$file" ] && kill "$(cat "$file")" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -58,7 +58,7 @@ trap cleanup EXIT
 start() { # name, command...: waits for "listening on http://ADDR" and prints ADDR
   local name=$1; shift
   "$@" > "$work/$name.out" 2> "$work/$name.log" &
-  pids+=($!)
+  # start() runs in a command substitution (a subshell): the pid file is how cleanup finds it.
   echo $! > "$work/$name.pid"
   for _ in $(seq 1 200); do
     if grep -q "listening on" "$work/$name.out" 2>/dev/null; then

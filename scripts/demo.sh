@@ -8,13 +8,18 @@ cargo build --quiet --release --bins
 bin=target/release
 work=$(mktemp -d)
 pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for file in "$work"/*.pid; do [ -f "$file" ] && kill "$(cat "$file")" 2>/dev/null || true; done
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
 start() { # name, args... ; prints the URL the process announced
   local name=$1; shift
   "$@" > "$work/$name.out" 2> "$work/$name.log" &
-  pids+=($!)
+  # start() runs in a command substitution (a subshell): the pid file is how cleanup finds it.
+  echo $! > "$work/$name.pid"
   for _ in $(seq 1 100); do
     if grep -q "listening on" "$work/$name.out" 2>/dev/null; then
       grep -o 'http://[0-9.:]*' "$work/$name.out" | head -1; return
@@ -67,8 +72,9 @@ PY
 for turns in 6 7 9; do
   echo; echo "== a conversation of $((turns * 2 + 2)) messages (trigger: 12 messages)"
   conversation "$turns" > "$work/body.json"
-  curl -sS -N -D "$work/headers" "$proxy/v1/chat/completions" -H 'content-type: application/json' \
-    --data-binary @"$work/body.json" | head -c 400
+  curl -sS -N -D "$work/headers" -o "$work/reply" "$proxy/v1/chat/completions" \
+    -H 'content-type: application/json' --data-binary @"$work/body.json"
+  head -c 400 "$work/reply"
   echo; grep -i '^x-compactor' "$work/headers" || true
 done
 echo; echo "== compactor's log"
