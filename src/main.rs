@@ -9,6 +9,11 @@ use compactor::config::Config;
 use compactor::proxy::App;
 use compactor::server;
 
+// glibc malloc/free were about a sixth of the proxy's CPU under load; mimalloc's thread-local
+// free lists suit the many short-lived buffers of a request.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     version,

@@ -107,17 +107,34 @@ impl SummaryCache {
     }
 }
 
-/// The planner's view of the cache for one scope.
+/// The planner's view of the cache for one scope. The scope (two hashes) is only computed
+/// when the planner actually looks, so requests under the trigger never pay for it.
 pub struct ScopedLookup<'c> {
-    pub cache: &'c SummaryCache,
-    pub scope: Scope,
+    cache: &'c SummaryCache,
+    make_scope: Box<dyn Fn() -> Scope + 'c>,
+    scope: Option<Scope>,
+}
+
+impl<'c> ScopedLookup<'c> {
+    pub fn new(cache: &'c SummaryCache, make_scope: impl Fn() -> Scope + 'c) -> Self {
+        ScopedLookup {
+            cache,
+            make_scope: Box::new(make_scope),
+            scope: None,
+        }
+    }
+
+    pub fn scope(&mut self) -> Scope {
+        *self.scope.get_or_insert_with(|| (self.make_scope)())
+    }
 }
 
 impl SummaryLookup for ScopedLookup<'_> {
     fn longest_prefix(&mut self, chain: &[Digest], min_len: usize) -> Option<CachedSummary> {
+        let scope = self.scope();
         (min_len..chain.len()).rev().find_map(|len| {
             self.cache
-                .get(&self.scope.key(&chain[len]))
+                .get(&scope.key(&chain[len]))
                 .filter(|summary| summary.cut == len)
                 .map(|summary| (*summary).clone())
         })

@@ -155,14 +155,14 @@ impl CompactionEngine {
             .and_then(|v| v.to_str().ok())
             .and_then(NoticeMode::parse)
             .unwrap_or(self.inner.config.notice);
-        let tenant = tenant_of(headers);
+        let credentials = Credentials::of(headers);
         let force = control == Control::Force;
         let upstream_name = upstream.name.clone();
         let prepared = {
             let inner = self.inner.clone();
             let body = body.clone();
             run_cpu(body.len(), move || {
-                inner.prepare(&body, tenant, &upstream_name, force)
+                inner.prepare(&body, &credentials, &upstream_name, force)
             })
             .await
         };
@@ -330,7 +330,13 @@ impl CompactionEngine {
 
 impl Inner {
     /// The CPU part: parse, threshold, cache lookup, plan, and for reuse the rewrite.
-    fn prepare(&self, body: &[u8], tenant: [u8; 32], upstream: &str, force: bool) -> Prepared {
+    fn prepare(
+        &self,
+        body: &[u8],
+        credentials: &Credentials,
+        upstream: &str,
+        force: bool,
+    ) -> Prepared {
         let Ok(conversation) = Conversation::parse(body) else {
             return Prepared::Forward {
                 outcome: Outcome::skipped(0, "unparsable_body"),
@@ -348,14 +354,10 @@ impl Inner {
             .upstream
             .clone()
             .unwrap_or_else(|| upstream.to_string());
-        let scope = Scope {
-            tenant,
+        let mut lookup = ScopedLookup::new(&self.cache, || Scope {
+            tenant: credentials.tenant(),
             fingerprint: self.fingerprint(&model, &upstream),
-        };
-        let mut lookup = ScopedLookup {
-            cache: &self.cache,
-            scope,
-        };
+        });
         let plan = plan::plan(
             &conversation,
             &self.settings,
@@ -429,8 +431,10 @@ impl Inner {
                         prompt: self.config.summary_prompt.clone(),
                     },
                 );
+                let key = lookup.scope().key(&chain[layout.cut]);
+                drop(lookup);
                 Prepared::Summarize(Box::new(Job {
-                    key: scope.key(&chain[layout.cut]),
+                    key,
                     layout,
                     messages_summarized: to_summarize.len(),
                     replaced_tokens,
@@ -462,16 +466,27 @@ impl Inner {
     }
 }
 
-/// A hash of the client's credential: tenants never share summaries.
-fn tenant_of(headers: &HeaderMap) -> [u8; 32] {
-    let mut hasher = blake3::Hasher::new();
-    for name in ["authorization", "api-key", "x-api-key"] {
-        hasher.update(name.as_bytes());
-        hasher.update(b"=");
-        hasher.update(headers.get(name).map(HeaderValue::as_bytes).unwrap_or(b""));
-        hasher.update(b"\n");
+/// The headers that identify a client (cheap reference-counted copies).
+struct Credentials([Option<HeaderValue>; 3]);
+
+const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
+
+impl Credentials {
+    fn of(headers: &HeaderMap) -> Credentials {
+        Credentials(CREDENTIAL_HEADERS.map(|name| headers.get(name).cloned()))
     }
-    *hasher.finalize().as_bytes()
+
+    /// A hash of the client's credential: tenants never share summaries.
+    fn tenant(&self) -> [u8; 32] {
+        let mut hasher = blake3::Hasher::new();
+        for (name, value) in CREDENTIAL_HEADERS.iter().zip(&self.0) {
+            hasher.update(name.as_bytes());
+            hasher.update(b"=");
+            hasher.update(value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
+            hasher.update(b"\n");
+        }
+        *hasher.finalize().as_bytes()
+    }
 }
 
 fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) -> u64 {
