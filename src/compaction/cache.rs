@@ -74,17 +74,23 @@ impl SummaryCache {
         self.entries.len() == 0
     }
 
-    /// Runs `make` once for all concurrent callers with the same key; each gets its result.
+    /// Runs `make` once for all concurrent callers with the same `flight` (which must identify
+    /// exactly what `make` produces); each gets its result, which is cached under `key`.
     /// Returns whether this caller's `make` ran. If the running caller goes away, a waiting one
     /// takes over, so a disconnecting client cannot strand the others.
-    pub async fn single_flight<F, Fut>(&self, key: CacheKey, make: F) -> (Shared, bool)
+    pub async fn single_flight<F, Fut>(
+        &self,
+        flight: CacheKey,
+        key: CacheKey,
+        make: F,
+    ) -> (Shared, bool)
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Shared>,
     {
         let cell = {
             let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-            in_flight.entry(key).or_default().clone()
+            in_flight.entry(flight).or_default().clone()
         };
         let mut ran = false;
         let result = cell
@@ -99,8 +105,11 @@ impl SummaryCache {
                 self.insert(key, summary.clone());
             }
             let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-            if in_flight.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                in_flight.remove(&key);
+            if in_flight
+                .get(&flight)
+                .is_some_and(|c| Arc::ptr_eq(c, &cell))
+            {
+                in_flight.remove(&flight);
             }
         }
         (result, ran)
@@ -194,7 +203,7 @@ mod tests {
             let (cache, runs) = (cache.clone(), runs.clone());
             tasks.push(tokio::spawn(async move {
                 cache
-                    .single_flight([5; 32], || async move {
+                    .single_flight([5; 32], [5; 32], || async move {
                         runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         // Yielding lets every other task (FIFO on this single-threaded
                         // runtime) reach the shared cell before the result exists.

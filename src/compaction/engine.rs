@@ -267,10 +267,20 @@ impl CompactionEngine {
             client_api_key: headers.get("api-key").cloned(),
         };
         let inner = self.inner.clone();
+        // Requests sharing a prefix may still keep different messages verbatim (a newer user
+        // message after the cut, say); only identical layouts share one summary.
+        let flight = {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(&job.key);
+            for index in &job.layout.excluded {
+                hasher.update(&(*index as u64).to_le_bytes());
+            }
+            *hasher.finalize().as_bytes()
+        };
         let (result, _ran) = self
             .inner
             .cache
-            .single_flight(job.key, || async move {
+            .single_flight(flight, job.key, || async move {
                 let mut previous = job.previous.clone();
                 for chunk in &job.chunks {
                     let prompt = summary_input::render_prompt(
