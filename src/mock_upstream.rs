@@ -67,6 +67,8 @@ pub enum MockFault {
     Reset,
     /// Summarizer mode: answer 200 with an empty message content.
     Blank,
+    /// Summarizer mode: answer with a summary far longer than any input.
+    Verbose,
 }
 
 #[derive(Debug, Clone)]
@@ -339,6 +341,7 @@ async fn serve_request(
             "stall" => Some(MockFault::Stall),
             "reset" => Some(MockFault::Reset),
             "blank" => Some(MockFault::Blank),
+            "verbose" => Some(MockFault::Verbose),
             _ => None,
         })
         .or_else(|| header_num::<u16>(headers, "x-mock-status").map(MockFault::Status))
@@ -403,7 +406,7 @@ async fn serve_request(
         .and_then(Value::as_str)
         .unwrap_or("mock-model")
         .to_string();
-    let reply = build_reply(mode, &request, &body, fault == Some(MockFault::Blank));
+    let reply = build_reply(mode, &request, &body, fault);
     if !first_byte_delay.is_zero() {
         tokio::time::sleep(first_byte_delay).await;
     }
@@ -515,13 +518,17 @@ enum Reply {
     ToolCall { name: String, arguments: String },
 }
 
-fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, blank: bool) -> Reply {
+fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, fault: Option<MockFault>) -> Reply {
     let messages = request.get("messages").and_then(Value::as_array);
     match mode {
         MockMode::Echo => Reply::Text(String::from_utf8_lossy(raw).into_owned()),
         MockMode::Summarizer => {
-            if blank {
-                return Reply::Text("   ".into());
+            match fault {
+                Some(MockFault::Blank) => return Reply::Text("   ".into()),
+                Some(MockFault::Verbose) => {
+                    return Reply::Text("very long summary ".repeat(20_000))
+                }
+                _ => {}
             }
             let prompt: String = messages
                 .into_iter()

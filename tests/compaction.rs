@@ -270,6 +270,11 @@ async fn summarizer_errors_forward_the_original_request() {
 }
 
 #[tokio::test]
+async fn a_summary_larger_than_what_it_replaces_is_not_used() {
+    assert_fails_open(MockFault::Verbose).await;
+}
+
+#[tokio::test]
 async fn fail_mode_closed_answers_503() {
     let stack = stack_with(
         &format!("{DEFAULT_SUMMARIZATION}  fail_mode: closed\n"),

@@ -438,3 +438,72 @@ async fn graceful_shutdown_lets_an_open_stream_finish() {
         "shutdown did not finish in its grace period"
     );
 }
+
+/// Reads a streaming body to its end; Err when it ended abruptly instead of cleanly.
+async fn drain(mut body: hyper::body::Incoming) -> Result<Vec<u8>, String> {
+    use http_body_util::BodyExt;
+    let mut received = Vec::new();
+    loop {
+        match tokio::time::timeout(BOUND, body.frame())
+            .await
+            .expect("frame within bound")
+        {
+            None => return Ok(received),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    received.extend_from_slice(&data);
+                }
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_reset_mid_stream_is_not_turned_into_a_clean_end() {
+    let (_mock, proxy) = gateway().await;
+    let headers = [("x-mock-fault", "reset"), ("x-mock-chunks", "5")];
+    let request = json_request(
+        &proxy.url("/v1/chat/completions"),
+        chat_body("go", true),
+        &headers,
+    );
+    // The upstream breaks right after its first event: the client sees the break either while
+    // reading the head (nothing was flushed yet) or while reading the body, never a clean end.
+    let outcome = match tokio::time::timeout(BOUND, client().request(request))
+        .await
+        .expect("bounded")
+    {
+        Err(e) => Err(e.to_string()),
+        Ok(response) => drain(response.into_body()).await.map(|_| ()),
+    };
+    assert!(
+        outcome.is_err(),
+        "a broken upstream stream must reach the client broken"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_silent_past_the_idle_timeout_is_cut() {
+    let mock = echo_mock().await;
+    let yaml = format!(
+        "upstreams:\n  - name: stalls\n    base_url: {}\n    idle_timeout_secs: 0.3\n",
+        mock.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    let headers = [("x-mock-fault", "stall"), ("x-mock-chunks", "5")];
+    let response = send(
+        &client(),
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            chat_body("go", true),
+            &headers,
+        ),
+    )
+    .await;
+    let result = drain(response.into_body()).await;
+    assert!(
+        result.is_err(),
+        "the stalled stream was not cut: {result:?}"
+    );
+}
