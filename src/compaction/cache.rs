@@ -40,11 +40,11 @@ pub struct Scope {
 }
 
 impl Scope {
-    pub fn key(&self, prefix: &Digest) -> CacheKey {
+    /// Seeds the prefix chain: a chain digest is then the cache key of that prefix in this scope.
+    pub fn seed(&self) -> Digest {
         let mut hasher = blake3::Hasher::new();
         hasher.update(&self.tenant);
         hasher.update(&self.fingerprint);
-        hasher.update(prefix);
         *hasher.finalize().as_bytes()
     }
 }
@@ -139,14 +139,12 @@ impl<'c> ScopedLookup<'c> {
 }
 
 impl SummaryLookup for ScopedLookup<'_> {
-    fn longest_prefix(&mut self, chain: &[Digest], min_len: usize) -> Option<CachedSummary> {
-        let scope = self.scope();
-        (min_len..chain.len()).rev().find_map(|len| {
-            self.cache
-                .get(&scope.key(&chain[len]))
-                .filter(|summary| summary.cut == len)
-                .map(|summary| (*summary).clone())
-        })
+    fn chain_seed(&mut self) -> Digest {
+        self.scope().seed()
+    }
+
+    fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
+        self.cache.get(prefix).map(|summary| (*summary).clone())
     }
 }
 
@@ -189,9 +187,8 @@ mod tests {
             tenant: [1; 32],
             fingerprint: [8; 32],
         };
-        let prefix = [7u8; 32];
-        assert_ne!(a.key(&prefix), b.key(&prefix));
-        assert_ne!(a.key(&prefix), c.key(&prefix));
+        assert_ne!(a.seed(), b.seed());
+        assert_ne!(a.seed(), c.seed());
     }
 
     #[tokio::test]

@@ -11,10 +11,15 @@ use super::conversation::Message;
 
 pub type Digest = [u8; 32];
 
-/// `chain[i]` names `messages[..i]`; `chain.len() == messages.len() + 1`.
-pub fn prefix_chain(messages: &[Message<'_>]) -> Vec<Digest> {
+/// `chain[i]` names `messages[..i]` within the scope `seed`; `chain.len() == messages.len() + 1`.
+pub fn prefix_chain(messages: &[Message<'_>], seed: Digest) -> Vec<Digest> {
     let mut chain = Vec::with_capacity(messages.len() + 1);
-    let mut current = *blake3::hash(b"compactor prefix chain v1").as_bytes();
+    let mut current = {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"compactor prefix chain v1");
+        hasher.update(&seed);
+        *hasher.finalize().as_bytes()
+    };
     chain.push(current);
     let mut scratch = Vec::new();
     for message in messages {
@@ -230,7 +235,10 @@ mod tests {
             br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"c"}]}"#,
         )
         .unwrap();
-        let (c1, c2) = (prefix_chain(&one.messages), prefix_chain(&two.messages));
+        let (c1, c2) = (
+            prefix_chain(&one.messages, [0; 32]),
+            prefix_chain(&two.messages, [0; 32]),
+        );
         assert_eq!(c1.len(), 3);
         assert_eq!(c1[..2], c2[..2]);
         assert_ne!(c1[2], c2[2]);

@@ -441,7 +441,8 @@ impl Inner {
                         prompt: self.config.summary_prompt.clone(),
                     },
                 );
-                let key = lookup.scope().key(&chain[layout.cut]);
+                // The chain was seeded with this request's scope: its digests are cache keys.
+                let key = chain[layout.cut];
                 drop(lookup);
                 Prepared::Summarize(Box::new(Job {
                     key,

@@ -65,18 +65,23 @@ pub struct CachedSummary {
     pub tokens: u64,
 }
 
-/// The planner's window on the cache: called only when the request is over a trigger.
+/// The planner's window on the cache: used only when the request is over a trigger.
 pub trait SummaryLookup {
-    /// The cached summary for the longest prefix, probing `chain[i]` (the digest of
-    /// `messages[..i]`) from the longest prefix down; `None` on a miss.
-    fn longest_prefix(&mut self, chain: &[Digest], min_len: usize) -> Option<CachedSummary>;
+    /// Seeds the prefix chain, so that the chain's digests are the cache keys of one scope
+    /// (tenant and summarizer settings) and no further hashing is needed per probe.
+    fn chain_seed(&mut self) -> Digest;
+    /// The summary cached under a prefix digest.
+    fn get(&mut self, prefix: &Digest) -> Option<CachedSummary>;
 }
 
 /// No cache: every over-trigger request is summarized from scratch.
 pub struct NoCache;
 
 impl SummaryLookup for NoCache {
-    fn longest_prefix(&mut self, _: &[Digest], _: usize) -> Option<CachedSummary> {
+    fn chain_seed(&mut self) -> Digest {
+        [0; 32]
+    }
+    fn get(&mut self, _: &Digest) -> Option<CachedSummary> {
         None
     }
 }
@@ -192,9 +197,12 @@ pub fn plan(
     if analysis.max_cut <= analysis.head {
         return pass("nothing_to_summarize");
     }
-    let chain = prefix_chain(&conversation.messages);
-    let cached = cache
-        .longest_prefix(&chain, analysis.head + 1)
+    let chain = prefix_chain(&conversation.messages, cache.chain_seed());
+    // The longest cached prefix: summaries are only ever stored at valid cuts.
+    let cached = (analysis.head + 1..=analysis.max_cut)
+        .rev()
+        .filter(|&len| analysis.valid_cut[len])
+        .find_map(|len| cache.get(&chain[len]).filter(|c| c.cut == len))
         .filter(|c| analysis.usable(c));
     let mut decision = match &cached {
         Some(summary) => analysis.plan_with_cache(settings, summary.clone(), force),
