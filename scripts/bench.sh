@@ -46,28 +46,7 @@ fi
 [ -n "$nginx_bin" ] || echo "== nginx unavailable: its rows are skipped"
 
 mkdir -p "$out"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for file in "$work"/*.pid; do [ -f "$file" ] && kill "$(cat "$file")" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-start() { # name, command...: waits for "listening on http://ADDR" and prints ADDR
-  local name=$1; shift
-  "$@" > "$work/$name.out" 2> "$work/$name.log" &
-  # start() runs in a command substitution (a subshell): the pid file is how cleanup finds it.
-  echo $! > "$work/$name.pid"
-  for _ in $(seq 1 200); do
-    if grep -q "listening on" "$work/$name.out" 2>/dev/null; then
-      grep -o 'http://[0-9.:]*' "$work/$name.out" | head -1 | sed 's#http://##'; return
-    fi
-    sleep 0.05
-  done
-  echo "$name did not start" >&2; cat "$work/$name.log" >&2; exit 1
-}
+source scripts/lib.sh
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 mock=$(start mock "$bin/mock-upstream" --listen 127.0.0.1:0 --chunks 8 --no-validate)

@@ -6,31 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --release --bins
 bin=target/release
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for file in "$work"/*.pid; do [ -f "$file" ] && kill "$(cat "$file")" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib.sh
 
-start() { # name, args... ; prints the URL the process announced
-  local name=$1; shift
-  "$@" > "$work/$name.out" 2> "$work/$name.log" &
-  # start() runs in a command substitution (a subshell): the pid file is how cleanup finds it.
-  echo $! > "$work/$name.pid"
-  for _ in $(seq 1 100); do
-    if grep -q "listening on" "$work/$name.out" 2>/dev/null; then
-      grep -o 'http://[0-9.:]*' "$work/$name.out" | head -1; return
-    fi
-    sleep 0.1
-  done
-  echo "$name did not start" >&2; cat "$work/$name.log" >&2; exit 1
-}
-
-upstream=$(start mock "$bin/mock-upstream" --chunks 4)
-summarizer=$(start summarizer "$bin/mock-upstream" --mode summarizer)
+upstream=http://$(start mock "$bin/mock-upstream" --chunks 4)
+summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
 cat > "$work/proxy.yaml" <<YAML
 listen: 127.0.0.1:0
 upstreams:
@@ -47,7 +26,7 @@ summarization:
   keep: {type: messages, value: 4}
   headroom: null
 YAML
-proxy=$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
+proxy=http://$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
 echo "mock upstream: $upstream   compactor: $proxy"
 
 echo; echo "== a chat request through compactor"

@@ -18,18 +18,25 @@ fn write_config(text: &str) -> tempfile::NamedTempFile {
     file
 }
 
-#[tokio::test]
-async fn check_accepts_a_good_config_and_redacts_secrets() {
-    let file = write_config(
-        "upstreams:\n  - name: openai\n    base_url: https://api.openai.com/v1\n    api_key: ${TEST_KEY}\n",
-    );
-    let output = Command::new(BIN)
+/// Runs `compactor check` on a config text, with extra environment variables.
+async fn check(config: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let file = write_config(config);
+    Command::new(BIN)
         .args(["check", "--config"])
         .arg(file.path())
-        .env("TEST_KEY", "sk-secret-value")
+        .envs(env.iter().copied())
         .output()
         .await
-        .expect("runs");
+        .expect("compactor check runs")
+}
+
+#[tokio::test]
+async fn check_accepts_a_good_config_and_redacts_secrets() {
+    let output = check(
+        "upstreams:\n  - name: openai\n    base_url: https://api.openai.com/v1\n    api_key: ${TEST_KEY}\n",
+        &[("TEST_KEY", "sk-secret-value")],
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     assert!(
@@ -41,26 +48,24 @@ async fn check_accepts_a_good_config_and_redacts_secrets() {
 
 #[tokio::test]
 async fn check_rejects_a_bad_config_with_exit_2_naming_the_key() {
-    let file = write_config(
+    let output = check(
         "upstreams:\n  - name: openai\n    base_url: https://api.openai.com/v1\nsummarization:\n  trigger: [{type: fraction, value: 0}]\n",
-    );
-    let output = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(file.path())
-        .output()
-        .await
-        .expect("runs");
+        &[],
+    )
+    .await;
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("summarization.trigger[0]"), "{stderr}");
 
-    let file = write_config("upstreams:\n  - name: a\n    base_url: http://x/v1\n    api_kye: k\n");
-    let output = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(file.path())
-        .output()
-        .await
-        .expect("runs");
+    let output = check(
+        "upstreams:
+  - name: a
+    base_url: http://x/v1
+    api_kye: k
+",
+        &[],
+    )
+    .await;
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -348,23 +348,29 @@ async fn requests_are_routed_by_model_and_model_less_ones_go_first() {
     assert_eq!(claude.requests().len(), 2);
 }
 
+/// A mock upstream in chat mode, compactor in front of it, and a stream opened through both
+/// with the given `x-mock-*` headers; the first event has already arrived.
+async fn open_stream(
+    yaml_extra: &str,
+    headers: &[(&str, &str)],
+) -> (MockHandle, Proxy, RawClient, hyper::body::Incoming) {
+    let mock = mock(MockOptions::default()).await;
+    let proxy = proxy(&config_for(&mock, yaml_extra)).await;
+    let client = client();
+    let request = json_request(
+        &proxy.url("/v1/chat/completions"),
+        chat_body("go", true),
+        headers,
+    );
+    let mut incoming = send(&client, request).await.into_body();
+    assert!(next_data(&mut incoming).await.is_some(), "first event");
+    (mock, proxy, client, incoming)
+}
+
 #[tokio::test]
 async fn client_disconnect_mid_stream_closes_the_upstream_stream() {
-    let mock = mock(MockOptions::default()).await;
-    let proxy = proxy(&config_for(&mock, "")).await;
-    let client = client();
     let headers = [("x-mock-chunks", "100000"), ("x-mock-chunk-delay-ms", "1")];
-    let response = send(
-        &client,
-        json_request(
-            &proxy.url("/v1/chat/completions"),
-            chat_body("go", true),
-            &headers,
-        ),
-    )
-    .await;
-    let mut incoming = response.into_body();
-    assert!(next_data(&mut incoming).await.is_some());
+    let (mock, _proxy, client, incoming) = open_stream("", &headers).await;
     drop(incoming);
     drop(client);
     assert!(
@@ -398,21 +404,8 @@ async fn local_routes_and_unknown_paths() {
 
 #[tokio::test]
 async fn graceful_shutdown_lets_an_open_stream_finish() {
-    let mock = mock(MockOptions::default()).await;
-    let proxy = proxy(&config_for(&mock, "")).await;
-    let client = client();
     let headers = [("x-mock-chunks", "4"), ("x-mock-gate", "shutdown")];
-    let response = send(
-        &client,
-        json_request(
-            &proxy.url("/v1/chat/completions"),
-            chat_body("go", true),
-            &headers,
-        ),
-    )
-    .await;
-    let mut incoming = response.into_body();
-    assert!(next_data(&mut incoming).await.is_some());
+    let (mock, proxy, _client, mut incoming) = open_stream("", &headers).await;
     let addr = proxy.addr;
     let shutting_down = tokio::spawn(proxy.shutdown());
     // New connections are refused once shutdown began; the open stream still completes.
