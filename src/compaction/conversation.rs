@@ -1,6 +1,6 @@
 //! The OpenAI chat format as compaction sees it: a borrowed view over the request bytes.
 //!
-//! Messages stay `&RawValue` slices of the original body, so a kept message is forwarded byte
+//! Messages stay raw slices ([`Json`]) of the original body, so a kept message is forwarded byte
 //! for byte (unknown fields included) and nothing is copied that is not needed. Only the fields
 //! that planning reads are parsed: role, name, content (as raw JSON), tool calls, tool_call_id.
 
@@ -9,7 +9,23 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::json_scan::object_members;
 use super::tokens::{json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD};
+
+/// A raw JSON value as it appears in the request (a slice of its bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Json<'a>(&'a str);
+
+impl<'a> Json<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+
+    /// None for an explicit `null`, which the API treats as absent.
+    fn non_null(raw: &'a str) -> Option<Json<'a>> {
+        (raw != "null").then_some(Json(raw))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -57,24 +73,6 @@ struct RequestView<'a> {
 }
 
 #[derive(Debug, Deserialize)]
-struct MessageView<'a> {
-    #[serde(borrow)]
-    role: Cow<'a, str>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    refusal: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    function_call: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_call_id: Option<Cow<'a, str>>,
-}
-
-#[derive(Debug, Deserialize)]
 struct ToolCallView<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
@@ -96,7 +94,7 @@ pub struct ToolCall<'a> {
     pub id: Cow<'a, str>,
     pub name: Cow<'a, str>,
     /// The `arguments` JSON string literal as sent; decoded on demand by [`ToolCall::arguments`].
-    pub arguments_raw: Option<&'a RawValue>,
+    pub arguments_raw: Option<Json<'a>>,
 }
 
 impl<'a> ToolCall<'a> {
@@ -114,15 +112,15 @@ impl<'a> ToolCall<'a> {
 /// One message: its original bytes plus what planning needs.
 #[derive(Debug, Clone)]
 pub struct Message<'a> {
-    pub raw: &'a RawValue,
+    pub raw: Json<'a>,
     pub role: Role,
     pub role_text: Cow<'a, str>,
     pub name: Option<Cow<'a, str>>,
-    pub content: Option<&'a RawValue>,
-    pub refusal: Option<&'a RawValue>,
+    pub content: Option<Json<'a>>,
+    pub refusal: Option<Json<'a>>,
     pub tool_calls: Vec<ToolCall<'a>>,
-    tool_calls_raw: Option<&'a RawValue>,
-    function_call: Option<&'a RawValue>,
+    tool_calls_raw: Option<Json<'a>>,
+    function_call: Option<Json<'a>>,
     pub tool_call_id: Option<Cow<'a, str>>,
 }
 
@@ -158,7 +156,7 @@ impl<'a> Conversation<'a> {
             .messages
             .into_iter()
             .enumerate()
-            .map(|(i, raw)| Message::parse(raw).map_err(|e| ParseError::BadMessage(i, e)))
+            .map(|(i, raw)| Message::parse(raw.get()).map_err(|e| ParseError::BadMessage(i, e)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Conversation {
             body,
@@ -219,42 +217,60 @@ fn array_span(text: &str, items: &[&RawValue]) -> std::ops::Range<usize> {
 }
 
 impl<'a> Message<'a> {
-    pub fn parse(raw: &'a RawValue) -> Result<Message<'a>, String> {
-        let view: MessageView<'a> = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
-        let tool_calls_raw = view.tool_calls.filter(|r| r.get() != "null");
-        let tool_calls = match tool_calls_raw {
-            Some(raw_calls) => {
-                let calls: Vec<ToolCallView<'a>> = serde_json::from_str(raw_calls.get())
-                    .map_err(|e| format!("tool_calls: {e}"))?;
-                calls
-                    .into_iter()
-                    .map(|call| {
-                        let (name, arguments_raw) = match call.function {
-                            Some(f) => (f.name.unwrap_or(Cow::Borrowed("")), f.arguments),
-                            None => (Cow::Borrowed(""), None),
-                        };
-                        ToolCall {
-                            id: call.id.unwrap_or(Cow::Borrowed("")),
-                            name,
-                            arguments_raw,
-                        }
-                    })
-                    .collect()
-            }
-            None => Vec::new(),
+    /// Reads one message object. Only the fields planning needs are looked at; the rest stays
+    /// in `raw`, forwarded as is.
+    pub fn parse(raw: &'a str) -> Result<Message<'a>, String> {
+        let mut role = None;
+        let mut message = Message {
+            raw: Json(raw.trim()),
+            role: Role::Other,
+            role_text: Cow::Borrowed(""),
+            name: None,
+            content: None,
+            refusal: None,
+            tool_calls: Vec::new(),
+            tool_calls_raw: None,
+            function_call: None,
+            tool_call_id: None,
         };
-        Ok(Message {
-            raw,
-            role: Role::parse(&view.role),
-            role_text: view.role,
-            name: view.name,
-            content: view.content.filter(|r| r.get() != "null"),
-            refusal: view.refusal.filter(|r| r.get() != "null"),
-            tool_calls,
-            tool_calls_raw,
-            function_call: view.function_call.filter(|r| r.get() != "null"),
-            tool_call_id: view.tool_call_id,
-        })
+        for (key, value) in object_members(raw)? {
+            let key = decode_key(key)?;
+            match key.as_ref() {
+                "role" => role = Some(string_value(value).ok_or("role is not a string")?),
+                "name" => message.name = string_value(value),
+                "content" => message.content = Json::non_null(value),
+                "refusal" => message.refusal = Json::non_null(value),
+                "tool_calls" => message.tool_calls_raw = Json::non_null(value),
+                "function_call" => message.function_call = Json::non_null(value),
+                "tool_call_id" => message.tool_call_id = string_value(value),
+                _ => {}
+            }
+        }
+        let role = role.ok_or("missing field `role`")?;
+        message.role = Role::parse(&role);
+        message.role_text = role;
+        if let Some(raw_calls) = message.tool_calls_raw {
+            let calls: Vec<ToolCallView<'a>> =
+                serde_json::from_str(raw_calls.get()).map_err(|e| format!("tool_calls: {e}"))?;
+            message.tool_calls = calls
+                .into_iter()
+                .map(|call| {
+                    let (name, arguments_raw) = match call.function {
+                        Some(f) => (
+                            f.name.unwrap_or(Cow::Borrowed("")),
+                            f.arguments.map(|raw| Json(raw.get())),
+                        ),
+                        None => (Cow::Borrowed(""), None),
+                    };
+                    ToolCall {
+                        id: call.id.unwrap_or(Cow::Borrowed("")),
+                        name,
+                        arguments_raw,
+                    }
+                })
+                .collect();
+        }
+        Ok(message)
     }
 
     pub fn has_tool_calls(&self) -> bool {
@@ -316,9 +332,33 @@ struct PartView<'a> {
     refusal: Option<&'a RawValue>,
 }
 
+/// A string value's text (borrowed when it has no escapes); None for null or a non-string.
+fn string_value(raw: &str) -> Option<Cow<'_, str>> {
+    if !raw.starts_with('"') {
+        return None;
+    }
+    let inner = &raw[1..raw.len().saturating_sub(1).max(1)];
+    if inner.contains('\\') {
+        serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+    } else {
+        Some(Cow::Borrowed(inner))
+    }
+}
+
+/// A member key's text; keys with escapes (legal, rare) are decoded.
+fn decode_key(key: &str) -> Result<Cow<'_, str>, String> {
+    if key.contains('\\') {
+        serde_json::from_str::<String>(&format!("\"{key}\""))
+            .map(Cow::Owned)
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(Cow::Borrowed(key))
+    }
+}
+
 /// Adds the characters of a content value: a string, or an array of parts (text counted,
 /// images flat, anything else by its JSON size so nothing is free).
-fn content_chars(raw: &RawValue, chars: &mut CharCount, images: &mut u64) {
+fn content_chars(raw: Json<'_>, chars: &mut CharCount, images: &mut u64) {
     let text = raw.get();
     if text.starts_with('"') {
         chars.add(json_string_chars(text));
@@ -352,7 +392,6 @@ mod tests {
 
     fn tokens_of(message: serde_json::Value, cpt: f64) -> u64 {
         let raw = serde_json::to_string(&message).unwrap();
-        let raw: Box<RawValue> = RawValue::from_string(raw).unwrap();
         let model = TokenModel {
             chars_per_token: cpt,
             ..TokenModel::default()
@@ -460,5 +499,68 @@ mod tests {
         assert!(conversation.messages[0].has_tool_calls());
         assert_eq!(conversation.messages[1].tool_call_id.as_deref(), Some("c1"));
         assert_eq!(conversation.output_reserve, 70);
+    }
+
+    mod scanner_agrees_with_serde {
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::{json, Value};
+
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                ".{0,20}",
+                Just("quote \" backslash \\ slash / tab \t".to_string()),
+                Just("{\"not\": [\"json]\"}".to_string()),
+                Just("你好 😀 é".to_string()),
+            ]
+        }
+
+        fn message() -> impl Strategy<Value = Value> {
+            (
+                prop_oneof![Just("user"), Just("assistant"), Just("tool"), Just("system")],
+                prop::option::of(text()),
+                prop::option::of(text()),
+                prop::option::of(text()),
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(|(role, content, name, id, parts, extra)| {
+                    let mut m = json!({"role": role});
+                    if let Some(content) = content {
+                        m["content"] = if parts {
+                            json!([{"type": "text", "text": content}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}])
+                        } else {
+                            json!(content)
+                        };
+                    }
+                    if let Some(name) = name {
+                        m["name"] = json!(name);
+                    }
+                    if let Some(id) = id {
+                        m["tool_call_id"] = json!(id);
+                    }
+                    if extra {
+                        m["x_extra"] = json!({"nested": ["}", "]", {"role": "fake"}]});
+                    }
+                    m
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn fields_match(message in message(), pretty in any::<bool>()) {
+                let raw = if pretty {
+                    serde_json::to_string_pretty(&message).unwrap()
+                } else {
+                    serde_json::to_string(&message).unwrap()
+                };
+                let parsed = Message::parse(&raw).unwrap();
+                prop_assert_eq!(parsed.role_text.as_ref(), message["role"].as_str().unwrap());
+                prop_assert_eq!(parsed.name.as_deref(), message.get("name").and_then(Value::as_str));
+                prop_assert_eq!(parsed.tool_call_id.as_deref(), message.get("tool_call_id").and_then(Value::as_str));
+                let content: Option<Value> = parsed.content.map(|c| serde_json::from_str(c.get()).unwrap());
+                prop_assert_eq!(content.as_ref(), message.get("content"));
+            }
+        }
     }
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::StatusCode;
-use serde_json::value::RawValue;
 
 use super::cache::{Scope, ScopedLookup, SummaryCache};
 use super::conversation::{Conversation, Message};
@@ -502,9 +501,8 @@ impl Credentials {
 
 fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) -> u64 {
     let json = summary_message(text, config.summary_role);
-    RawValue::from_string(json)
-        .ok()
-        .and_then(|raw| Message::parse(&raw).ok().map(|m| m.tokens(model)))
+    Message::parse(&json)
+        .map(|m| m.tokens(model))
         .unwrap_or(u64::MAX)
 }
 

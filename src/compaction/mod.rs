@@ -7,6 +7,7 @@ pub mod cache;
 pub mod conversation;
 pub mod digest;
 pub mod engine;
+mod json_scan;
 mod outcome;
 pub mod plan;
 pub mod rewrite;

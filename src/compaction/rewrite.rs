@@ -4,8 +4,6 @@
 
 use std::collections::HashMap;
 
-use serde_json::value::RawValue;
-
 use super::conversation::{Conversation, Message, Role};
 use super::plan::Layout;
 use crate::config::SummaryRole;
@@ -37,9 +35,7 @@ pub fn rewrite(
     layout: &Layout,
     summary_json: &str,
 ) -> Result<Vec<u8>, ValidationError> {
-    let summary_raw: Box<RawValue> =
-        RawValue::from_string(summary_json.to_string()).map_err(|_| ValidationError::BadSummary)?;
-    let summary = Message::parse(&summary_raw).map_err(|_| ValidationError::BadSummary)?;
+    let summary = Message::parse(summary_json).map_err(|_| ValidationError::BadSummary)?;
     let messages = &conversation.messages;
     let order: Vec<&Message<'_>> = messages[..layout.head]
         .iter()
