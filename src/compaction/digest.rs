@@ -14,80 +14,90 @@ pub type Digest = [u8; 32];
 /// `chain[i]` names `messages[..i]` within the scope `seed`; `chain.len() == messages.len() + 1`.
 pub fn prefix_chain(messages: &[Message<'_>], seed: Digest) -> Vec<Digest> {
     let mut chain = Vec::with_capacity(messages.len() + 1);
-    let mut current = {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(b"compactor prefix chain v1");
-        hasher.update(&seed);
-        *hasher.finalize().as_bytes()
-    };
+    let mut buffer = Vec::with_capacity(1024);
+    buffer.extend_from_slice(b"compactor prefix chain v1");
+    buffer.extend_from_slice(&seed);
+    let mut current = hash(&buffer);
     chain.push(current);
-    let mut scratch = Vec::new();
     for message in messages {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&current);
-        hasher.update(&digest_with(message, &mut scratch));
-        current = *hasher.finalize().as_bytes();
+        // One hash per message over the previous link and the message's framed fields: a
+        // one-shot hash of one buffer costs far less than many small incremental updates.
+        buffer.clear();
+        buffer.extend_from_slice(&current);
+        write_fields(message, &mut buffer);
+        current = hash(&buffer);
         chain.push(current);
     }
     chain
 }
 
+/// A digest of one message's meaning (the same fields the chain links hash).
 pub fn message_digest(message: &Message<'_>) -> Digest {
-    digest_with(message, &mut Vec::new())
+    let mut buffer = Vec::new();
+    write_fields(message, &mut buffer);
+    hash(&buffer)
 }
 
-/// `scratch` is reused across messages for decoded strings, so each field is one hasher update.
-fn digest_with(message: &Message<'_>, scratch: &mut Vec<u8>) -> Digest {
-    let mut hasher = blake3::Hasher::new();
-    field(&mut hasher, b"role", message.role_text.as_bytes());
+/// SHA-256: on CPUs with SHA extensions (most x86-64 servers since 2017, ARMv8) it runs at
+/// 1.5–2 GB/s on the short inputs a message makes, where BLAKE3 cannot use its SIMD lanes.
+fn hash(bytes: &[u8]) -> Digest {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// Appends the message's meaningful fields, each framed as tag length, tag, value length, value,
+/// so no two different field sequences produce the same bytes.
+fn write_fields(message: &Message<'_>, out: &mut Vec<u8>) {
+    field(out, b"role", |out| {
+        out.extend_from_slice(message.role_text.as_bytes())
+    });
     if let Some(name) = &message.name {
-        field(&mut hasher, b"name", name.as_bytes());
+        field(out, b"name", |out| out.extend_from_slice(name.as_bytes()));
     }
     if let Some(content) = message.content {
-        json_field(&mut hasher, b"content", content.get(), scratch);
+        field(out, b"content", |out| json_value(content.get(), out));
     }
     if let Some(refusal) = message.refusal {
-        json_field(&mut hasher, b"refusal", refusal.get(), scratch);
+        field(out, b"refusal", |out| json_value(refusal.get(), out));
     }
     for call in &message.tool_calls {
-        field(&mut hasher, b"call.id", call.id.as_bytes());
-        field(&mut hasher, b"call.name", call.name.as_bytes());
-        match call.arguments_raw {
-            Some(raw) => json_field(&mut hasher, b"call.arguments", raw.get(), scratch),
-            None => field(&mut hasher, b"call.arguments", b""),
-        }
+        field(out, b"call.id", |out| {
+            out.extend_from_slice(call.id.as_bytes())
+        });
+        field(out, b"call.name", |out| {
+            out.extend_from_slice(call.name.as_bytes())
+        });
+        field(out, b"call.arguments", |out| {
+            if let Some(raw) = call.arguments_raw {
+                json_value(raw.get(), out);
+            }
+        });
     }
     if let Some(id) = &message.tool_call_id {
-        field(&mut hasher, b"tool_call_id", id.as_bytes());
+        field(out, b"tool_call_id", |out| {
+            out.extend_from_slice(id.as_bytes())
+        });
     }
-    *hasher.finalize().as_bytes()
 }
 
-/// Tag and length prefix, so no two different field sequences hash alike.
-fn field(hasher: &mut blake3::Hasher, tag: &[u8], value: &[u8]) {
-    hasher.update(&(tag.len() as u64).to_le_bytes());
-    hasher.update(tag);
-    hasher.update(&(value.len() as u64).to_le_bytes());
-    hasher.update(value);
+fn field(out: &mut Vec<u8>, tag: &[u8], write: impl FnOnce(&mut Vec<u8>)) {
+    out.extend_from_slice(&(tag.len() as u64).to_le_bytes());
+    out.extend_from_slice(tag);
+    let length_at = out.len();
+    out.extend_from_slice(&[0; 8]);
+    write(out);
+    let length = (out.len() - length_at - 8) as u64;
+    out[length_at..length_at + 8].copy_from_slice(&length.to_le_bytes());
 }
 
-/// A JSON value's meaning as a field: a string's decoded text (streamed into the hasher, no
-/// copy), any other value with sorted keys and no whitespace. Framed as tag, value, value length,
-/// which parses back unambiguously from the end.
-fn json_field(hasher: &mut blake3::Hasher, tag: &[u8], raw: &str, scratch: &mut Vec<u8>) {
-    hasher.update(&(tag.len() as u64).to_le_bytes());
-    hasher.update(tag);
-    let written = if raw.starts_with('"') && raw.len() >= 2 {
-        scratch.clear();
-        decode_string_into(&raw[1..raw.len() - 1], scratch);
-        hasher.update(scratch);
-        scratch.len() as u64
+/// A JSON value's meaning: a string's decoded text, any other value with sorted keys and no
+/// whitespace.
+fn json_value(raw: &str, out: &mut Vec<u8>) {
+    if raw.starts_with('"') && raw.len() >= 2 {
+        decode_string_into(&raw[1..raw.len() - 1], out);
     } else {
-        let text = canonical(raw);
-        hasher.update(text.as_bytes());
-        text.len() as u64
-    };
-    hasher.update(&written.to_le_bytes());
+        out.extend_from_slice(canonical(raw).as_bytes());
+    }
 }
 
 /// Appends the decoded text of a JSON string body (without quotes) to `out`.

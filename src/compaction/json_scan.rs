@@ -45,16 +45,26 @@ fn skip_ws(bytes: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// End (exclusive) of the string literal whose opening quote is at `start`.
+/// End (exclusive) of the string literal whose opening quote is at `start`. Searches for quotes
+/// only (escapes such as `\n` are dense in agent transcripts, quotes are not) and treats a quote
+/// as closing when an even number of backslashes precedes it.
 fn string_end(bytes: &[u8], start: usize) -> Result<usize, String> {
     let mut i = start + 1;
     loop {
         let rest = bytes.get(i..).unwrap_or_default();
-        match memchr::memchr2(b'"', b'\\', rest) {
-            Some(offset) if rest[offset] == b'"' => return Ok(i + offset + 1),
-            Some(offset) => i += offset + 2,
-            None => return Err("unterminated string".into()),
+        let Some(offset) = memchr::memchr(b'"', rest) else {
+            return Err("unterminated string".into());
+        };
+        let quote = i + offset;
+        let backslashes = bytes[start + 1..quote]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
+            return Ok(quote + 1);
         }
+        i = quote + 1;
     }
 }
 

@@ -83,6 +83,12 @@ impl CharCount {
     }
 
     pub fn of_str(text: &str) -> CharCount {
+        if text.is_ascii() {
+            return CharCount {
+                narrow: text.len() as u64,
+                wide: 0,
+            };
+        }
         let mut count = CharCount::default();
         for c in text.chars() {
             count.push(c);
