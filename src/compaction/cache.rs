@@ -42,10 +42,7 @@ pub struct Scope {
 impl Scope {
     /// Seeds the prefix chain: a chain digest is then the cache key of that prefix in this scope.
     pub fn seed(&self) -> Digest {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&self.tenant);
-        hasher.update(&self.fingerprint);
-        *hasher.finalize().as_bytes()
+        super::digest::hash_parts([self.tenant.as_slice(), &self.fingerprint])
     }
 }
 

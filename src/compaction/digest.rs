@@ -1,7 +1,7 @@
 //! Content addressing for the summary cache (DESIGN.md §3): a digest of each message's meaning
 //! (role, name, content, tool calls, tool_call_id; not JSON whitespace or key order) and the
 //! prefix chain `P[i+1] = H(P[i], digest[i])` that names every prefix of a conversation.
-//! 256-bit digests: a collision would splice another conversation's summary in.
+//! 256-bit digests (SHA-256): a collision would splice another conversation's summary in.
 
 use std::borrow::Cow;
 
@@ -43,6 +43,17 @@ pub fn message_digest(message: &Message<'_>) -> Digest {
 fn hash(bytes: &[u8]) -> Digest {
     use sha2::Digest as _;
     sha2::Sha256::digest(bytes).into()
+}
+
+/// SHA-256 over several parts, each length-prefixed so different splits never collide.
+pub fn hash_parts<'p>(parts: impl IntoIterator<Item = &'p [u8]>) -> Digest {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
 }
 
 /// Appends the message's meaningful fields, each framed as tag length, tag, value length, value,

@@ -11,6 +11,7 @@ use http::StatusCode;
 
 use super::cache::{Scope, ScopedLookup, SummaryCache};
 use super::conversation::{Conversation, Message};
+use super::digest::hash_parts;
 use super::plan::{self, CachedSummary, Decision, Layout, PlanSettings};
 use super::rewrite::{self, summary_message};
 use super::summarizer::{HttpSummarizer, Summarizer, SummaryError, SummaryRequest};
@@ -268,14 +269,13 @@ impl CompactionEngine {
         let inner = self.inner.clone();
         // Requests sharing a prefix may still keep different messages verbatim (a newer user
         // message after the cut, say); only identical layouts share one summary.
-        let flight = {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(&job.key);
-            for index in &job.layout.excluded {
-                hasher.update(&(*index as u64).to_le_bytes());
-            }
-            *hasher.finalize().as_bytes()
-        };
+        let excluded: Vec<u8> = job
+            .layout
+            .excluded
+            .iter()
+            .flat_map(|index| (*index as u64).to_le_bytes())
+            .collect();
+        let flight = hash_parts([job.key.as_slice(), &excluded]);
         let (result, _ran) = self
             .inner
             .cache
@@ -472,7 +472,7 @@ impl Inner {
             "max_tokens": c.summary_max_tokens,
             "role": c.summary_role,
         });
-        *blake3::hash(description.to_string().as_bytes()).as_bytes()
+        hash_parts([description.to_string().as_bytes()])
     }
 }
 
@@ -488,14 +488,16 @@ impl Credentials {
 
     /// A hash of the client's credential: tenants never share summaries.
     fn tenant(&self) -> [u8; 32] {
-        let mut hasher = blake3::Hasher::new();
-        for (name, value) in CREDENTIAL_HEADERS.iter().zip(&self.0) {
-            hasher.update(name.as_bytes());
-            hasher.update(b"=");
-            hasher.update(value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
-            hasher.update(b"\n");
-        }
-        *hasher.finalize().as_bytes()
+        let values = self
+            .0
+            .iter()
+            .map(|value| value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
+        hash_parts(
+            CREDENTIAL_HEADERS
+                .iter()
+                .map(|n| n.as_bytes())
+                .chain(values),
+        )
     }
 }
 

@@ -102,14 +102,8 @@ pub fn render_prompt(template: Option<&str>, previous: Option<&str>, transcript:
 pub fn fence(label: &str, text: &str) -> String {
     let mut salt = 0u32;
     loop {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&salt.to_le_bytes());
-        hasher.update(text.as_bytes());
-        let digest = hasher.finalize();
-        let tag: String = digest.as_bytes()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = super::digest::hash_parts([salt.to_le_bytes().as_slice(), text.as_bytes()]);
+        let tag: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
         let open = format!("<<<{label} {tag}");
         let close = format!("END {label} {tag}>>>");
         if !text.contains(&close) && !text.contains(&open) {
