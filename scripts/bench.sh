@@ -118,6 +118,7 @@ NGINX
 fi
 
 litellm=""
+litellm_key=sk-bench-litellm-master-key
 if [ "$with_litellm" = 1 ]; then
   echo "== setting up LiteLLM (pip, in .venv-litellm)"
   if [ ! -x .venv-litellm/bin/litellm ]; then
@@ -130,7 +131,10 @@ model_list:
   - model_name: "*"
     litellm_params: {model: "openai/*", api_base: "http://$mock/v1", api_key: "sk-bench"}
 YAML
-    .venv-litellm/bin/litellm --config "$work/litellm.yaml" --host 127.0.0.1 --port "$port" > "$work/litellm.log" 2>&1 &
+    # A master key is required to start; the local cost map keeps it from reaching the internet.
+    LITELLM_MASTER_KEY=$litellm_key LITELLM_LOCAL_MODEL_COST_MAP=True \
+      .venv-litellm/bin/litellm --config "$work/litellm.yaml" --host 127.0.0.1 --port "$port" --telemetry False \
+      > "$work/litellm.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 1 300); do
       curl -fs "http://127.0.0.1:$port/health/liveliness" >/dev/null 2>&1 && { litellm="127.0.0.1:$port"; break; }
@@ -170,7 +174,8 @@ for round in $(seq 1 "$rounds"); do
   for c in 1 32 128; do
     for t in direct compactor nginx litellm; do
       addr=$(eval echo "\${$t:-}"); [ "$t" = direct ] && addr=$mock
-      run pass_small "$c" "$t" "$addr" "$round" -z "${seconds}s" "${post_small[@]}"
+      auth=(); [ "$t" = litellm ] && auth=(-H "authorization: Bearer $litellm_key")
+      run pass_small "$c" "$t" "$addr" "$round" -z "${seconds}s" "${post_small[@]}" "${auth[@]}"
     done
   done
   for c in 1 32; do
