@@ -24,7 +24,7 @@ async fn stack_with(summarization: &str, summarizer_options: MockOptions) -> Sta
     })
     .await;
     let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  timeout_secs: 0.5\n{summarization}",
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n{summarization}",
         upstream.base_url(),
         summarizer.base_url()
     );
@@ -36,7 +36,7 @@ async fn stack_with(summarization: &str, summarizer_options: MockOptions) -> Sta
     }
 }
 
-const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n";
+const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n  timeout_secs: 10\n";
 
 async fn stack() -> Stack {
     stack_with(DEFAULT_SUMMARIZATION, MockOptions::default()).await
@@ -244,7 +244,9 @@ async fn an_edited_earlier_message_misses_the_cache() {
 }
 
 async fn assert_fails_open(fault: MockFault) {
-    let stack = stack().await;
+    // A short summarizer timeout, so the hanging case fails fast.
+    let summarization = DEFAULT_SUMMARIZATION.replace("timeout_secs: 10", "timeout_secs: 0.5");
+    let stack = stack_with(&summarization, MockOptions::default()).await;
     stack.summarizer.set_fault(Some(fault));
     let body = request_body(&conversation(7, "fail"), false);
     let response = roundtrip(
