@@ -17,7 +17,10 @@ use crate::config::{Config, TlsConfig, UpstreamConfig};
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
 /// Request headers that steer compactor itself and are never forwarded.
-pub const CONTROL_HEADERS: [&str; 2] = ["x-compactor", "x-compactor-notice"];
+pub const CONTROL_HEADERS: [&str; 2] = [
+    crate::compaction::engine::CONTROL_HEADER,
+    crate::compaction::engine::NOTICE_HEADER,
+];
 
 pub struct Upstream {
     pub name: String,
