@@ -678,10 +678,15 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
             previous: Some(previous),
             to_summarize,
             layout,
+            replaced_tokens,
         } => {
             assert_eq!(previous, &cached);
             assert!(to_summarize.iter().all(|&i| i >= cached.cut));
             assert!(layout.cut > cached.cut);
+            // What the new summary replaces: the newly evicted messages and the old summary.
+            let tokens = conversation.message_tokens(&TokenModel::default());
+            let evicted: u64 = to_summarize.iter().map(|&i| tokens[i]).sum();
+            assert_eq!(*replaced_tokens, evicted + cached.tokens);
         }
         other => panic!("expected an incremental summary, got {other:?}"),
     }

@@ -415,6 +415,7 @@ impl Inner {
                 layout,
                 to_summarize,
                 previous,
+                replaced_tokens,
             } => {
                 let Some(chain) = plan.chain.as_ref() else {
                     return Prepared::Forward {
@@ -426,9 +427,6 @@ impl Inner {
                         outcome: Outcome::skipped(plan.tokens_before, "no_model"),
                     };
                 }
-                let tokens = conversation.message_tokens(&token_model);
-                let replaced_tokens = to_summarize.iter().map(|&i| tokens[i]).sum::<u64>()
-                    + previous.as_ref().map(|p| p.tokens).unwrap_or(0);
                 let entries = summary_input::transcript_entries(&conversation, &to_summarize);
                 let input = summary_input::build(
                     entries,

@@ -121,6 +121,9 @@ pub enum Decision {
         layout: Layout,
         to_summarize: Vec<usize>,
         previous: Option<CachedSummary>,
+        /// Estimated tokens the new summary replaces: the summarized messages plus the previous
+        /// summary. A summary that is not smaller is not worth using.
+        replaced_tokens: u64,
     },
 }
 
@@ -527,6 +530,7 @@ impl Analysis {
             };
         }
         Decision::Summarize {
+            replaced_tokens: self.tokens_of(&to_summarize),
             layout,
             to_summarize,
             previous: None,
@@ -576,10 +580,15 @@ impl Analysis {
             };
         }
         Decision::Summarize {
+            replaced_tokens: self.tokens_of(&to_summarize) + cached.tokens,
             layout,
             to_summarize,
             previous: Some(cached),
         }
+    }
+
+    fn tokens_of(&self, indices: &[usize]) -> u64 {
+        indices.iter().map(|&i| self.tokens[i]).sum()
     }
 }
 
