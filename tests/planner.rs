@@ -575,7 +575,6 @@ fn a_window_without_any_user_message_still_gets_a_summarizer_input() {
             budget: Some(100),
             oversize: Oversize::Trim,
             model: TokenModel::default(),
-            prompt: None,
         },
     );
     assert_eq!(input.chunks.len(), 1);

@@ -29,7 +29,6 @@ fuzz_target!(|data: &[u8]| {
                 budget: Some(50),
                 oversize: Oversize::Fold,
                 model,
-                prompt: None,
             });
             assert!(!input.chunks.is_empty());
             rewrite(&conversation, &layout, &summary_message("s", SummaryRole::User))

@@ -435,7 +435,6 @@ impl Inner {
                         budget: self.config.trim_tokens_to_summarize,
                         oversize: self.config.oversize,
                         model: token_model,
-                        prompt: self.config.summary_prompt.clone(),
                     },
                 );
                 // The chain was seeded with this request's scope: its digests are cache keys.

@@ -140,6 +140,8 @@ pub struct Plan {
 /// A tool-call group that read skill files: rescued whole.
 struct SkillBundle {
     start: usize,
+    /// The group's messages: the assistant and every result answering it.
+    members: Vec<usize>,
     /// Tokens of the whole group (assistant and every result), which is what stays verbatim.
     tokens: u64,
     /// The group's skill paths, sorted and joined: one bundle per distinct set.
@@ -159,9 +161,6 @@ struct Analysis {
     /// The largest cut that keeps the last group whole.
     max_cut: usize,
     latest_user: Option<usize>,
-    /// Index of the first member of each message's group.
-    group_start: Vec<usize>,
-    group_end: Vec<usize>,
     thresholds: Vec<Threshold>,
     model: TokenModel,
     skill_bundles: Vec<SkillBundle>,
@@ -331,8 +330,6 @@ impl Analysis {
             valid_cut,
             max_cut,
             latest_user,
-            group_start,
-            group_end,
             thresholds,
             model: *model,
         }
@@ -436,9 +433,8 @@ impl Analysis {
                 excluded.push(u);
             }
         }
-        for start in self.rescued_groups(settings, cut, floor, carried) {
-            excluded
-                .extend((start..=self.group_end[start]).filter(|&i| self.group_start[i] == start));
+        for bundle in self.rescued_groups(settings, cut, floor, carried) {
+            excluded.extend_from_slice(&bundle.members);
         }
         excluded.sort_unstable();
         excluded.dedup();
@@ -453,7 +449,7 @@ impl Analysis {
         cut: usize,
         floor: usize,
         carried: &[usize],
-    ) -> Vec<usize> {
+    ) -> Vec<&SkillBundle> {
         let skills = &settings.skills;
         let mut chosen = Vec::new();
         let mut seen_keys: Vec<&str> = Vec::new();
@@ -478,7 +474,7 @@ impl Analysis {
             }
             total += bundle.tokens;
             seen_keys.push(&bundle.key);
-            chosen.push(bundle.start);
+            chosen.push(bundle);
         }
         chosen.reverse();
         chosen
@@ -639,6 +635,7 @@ fn skill_bundles(
         bundles.push(SkillBundle {
             start,
             tokens: members.iter().map(|&i| tokens[i]).sum(),
+            members,
             key: paths.join("|"),
         });
     }

@@ -33,8 +33,6 @@ pub struct InputSettings {
     pub budget: Option<u64>,
     pub oversize: Oversize,
     pub model: TokenModel,
-    /// A custom prompt containing `{messages}`; None: [`DEFAULT_PROMPT`].
-    pub prompt: Option<String>,
 }
 
 /// The prompts to send, in order: one, or one per chunk with `oversize: fold` (each later
@@ -374,7 +372,6 @@ mod tests {
             budget,
             oversize,
             model: TokenModel::default(),
-            prompt: None,
         }
     }
 
