@@ -25,7 +25,7 @@ impl Weighter<CacheKey, Arc<CachedSummary>> for SummaryWeight {
 }
 
 /// Result of one shared summarizer run, as every waiter sees it.
-pub type Shared = Result<Arc<CachedSummary>, String>;
+pub type Shared = Result<Arc<CachedSummary>, super::engine::CompactionFailure>;
 
 pub struct SummaryCache {
     entries: Cache<CacheKey, Arc<CachedSummary>, SummaryWeight>,

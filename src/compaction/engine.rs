@@ -180,7 +180,9 @@ impl CompactionEngine {
                 })
             }
             Some(Prepared::Summarize(job)) => job,
-            None => return self.failed(body, 0, "internal_error".into(), CacheUse::NotConsulted),
+            None => {
+                return self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted)
+            }
         };
 
         let started = Instant::now();
@@ -193,8 +195,8 @@ impl CompactionEngine {
         };
         let summary = match summary {
             Ok(summary) => summary,
-            Err(reason) => {
-                let mut result = self.failed(body, job.tokens_before, reason, cache_use);
+            Err(failure) => {
+                let mut result = self.failed(body, job.tokens_before, failure, cache_use);
                 if let Ok(compacted) = &mut result {
                     compacted.outcome.summarizer_ms = Some(summarizer_ms);
                 }
@@ -214,7 +216,12 @@ impl CompactionEngine {
             .flatten()
         };
         let Some(rewritten) = rewritten else {
-            return self.failed(body, job.tokens_before, "rewrite_invalid".into(), cache_use);
+            return self.failed(
+                body,
+                job.tokens_before,
+                CompactionFailure::RewriteInvalid,
+                cache_use,
+            );
         };
         let tokens_after = job.layout.projected_tokens
             - self
@@ -257,7 +264,7 @@ impl CompactionEngine {
         &self,
         job: &Job,
         headers: &HeaderMap,
-    ) -> Result<Arc<CachedSummary>, String> {
+    ) -> Result<Arc<CachedSummary>, CompactionFailure> {
         let request = SummaryRequest {
             upstream: job.upstream.clone(),
             model: job.model.clone(),
@@ -294,13 +301,13 @@ impl CompactionEngine {
                             ..request.clone()
                         })
                         .await
-                        .map_err(|e| summary_error_label(&e))?;
+                        .map_err(CompactionFailure::Summarizer)?;
                     previous = Some(text);
                 }
-                let text = previous.ok_or_else(|| "blank".to_string())?;
+                let text = previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))?;
                 let tokens = summary_tokens(&text, &inner.config, &job.token_model);
                 if tokens >= job.replaced_tokens {
-                    return Err("summary_not_smaller".to_string());
+                    return Err(CompactionFailure::NotSmaller);
                 }
                 Ok(Arc::new(CachedSummary {
                     cut: job.layout.cut,
@@ -317,20 +324,20 @@ impl CompactionEngine {
         &self,
         body: Bytes,
         tokens: u64,
-        reason: String,
+        failure: CompactionFailure,
         cache: CacheUse,
     ) -> Result<Compacted, CompactionRefused> {
-        tracing::warn!(reason = %reason, "compaction failed");
+        tracing::warn!(reason = failure.label(), "compaction failed: {failure}");
         let outcome = Outcome {
             kind: OutcomeKind::Failed,
             cache,
-            reason: static_reason(&reason),
+            reason: failure.label(),
             ..Outcome::skipped(tokens, "")
         };
         match self.inner.config.fail_mode {
             FailMode::Open => Ok(Compacted::original(body, outcome)),
             FailMode::Closed => Err(CompactionRefused {
-                error: ProxyError::CompactionFailed(reason),
+                error: ProxyError::CompactionFailed(failure.to_string()),
                 outcome,
             }),
         }
@@ -505,26 +512,32 @@ fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) 
         .unwrap_or(u64::MAX)
 }
 
-fn summary_error_label(error: &SummaryError) -> String {
-    match error {
-        SummaryError::NoUpstream(_) => "summarizer_no_upstream".into(),
-        SummaryError::Transport(_) => "summarizer_unreachable".into(),
-        SummaryError::Status(code) => format!("summarizer_http_{code}"),
-        SummaryError::Timeout(_) => "summarizer_timeout".into(),
-        SummaryError::Blank => "summarizer_blank".into(),
-    }
+/// Why compaction was needed but could not be applied.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CompactionFailure {
+    #[error(transparent)]
+    Summarizer(#[from] SummaryError),
+    #[error("the summary is not smaller than what it replaces")]
+    NotSmaller,
+    #[error("the rewritten request did not validate")]
+    RewriteInvalid,
+    #[error("the planning task did not complete")]
+    Internal,
 }
 
-fn static_reason(reason: &str) -> &'static str {
-    match reason {
-        "summarizer_no_upstream" => "summarizer_no_upstream",
-        "summarizer_unreachable" => "summarizer_unreachable",
-        "summarizer_timeout" => "summarizer_timeout",
-        "summarizer_blank" | "blank" => "summarizer_blank",
-        "summary_not_smaller" => "summary_not_smaller",
-        "rewrite_invalid" => "rewrite_invalid",
-        r if r.starts_with("summarizer_http_") => "summarizer_http_error",
-        _ => "internal_error",
+impl CompactionFailure {
+    /// A low-cardinality label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CompactionFailure::Summarizer(SummaryError::NoUpstream(_)) => "summarizer_no_upstream",
+            CompactionFailure::Summarizer(SummaryError::Transport(_)) => "summarizer_unreachable",
+            CompactionFailure::Summarizer(SummaryError::Status(_)) => "summarizer_http_error",
+            CompactionFailure::Summarizer(SummaryError::Timeout(_)) => "summarizer_timeout",
+            CompactionFailure::Summarizer(SummaryError::Blank) => "summarizer_blank",
+            CompactionFailure::NotSmaller => "summary_not_smaller",
+            CompactionFailure::RewriteInvalid => "rewrite_invalid",
+            CompactionFailure::Internal => "internal_error",
+        }
     }
 }
 
