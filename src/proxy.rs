@@ -109,9 +109,11 @@ async fn proxy(
         Inbound::Streaming(incoming)
     };
 
+    // Skimming the model is a pass over the whole body: only paid for when routing needs it
+    // (compaction parses the body again anyway, for its own purposes).
     let model = match &inbound {
-        Inbound::Buffered(bytes) => model_of(bytes),
-        Inbound::Streaming(_) => None,
+        Inbound::Buffered(bytes) if app.upstreams.routing_needs_model() => model_of(bytes),
+        _ => None,
     };
     log.model = model.clone();
     let upstream = app
