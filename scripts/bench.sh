@@ -29,7 +29,7 @@ done
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB"
 echo "== building release binaries"
-cargo build --quiet --release --bins
+cargo build --quiet --release --workspace --bins
 bin=$PWD/target/release
 
 if ! command -v oha >/dev/null 2>&1; then

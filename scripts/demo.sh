@@ -4,7 +4,7 @@
 # the next turn, then re-summarized once it has grown past the trigger again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet --release --bins
+cargo build --quiet --release --workspace --bins
 bin=target/release
 source scripts/lib.sh
 

@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo test --locked
-cargo build --locked --bins
+cargo test --locked --workspace
+cargo build --locked --workspace --bins
 
 venv=.venv
 stamp="$venv/.requirements.sha256"

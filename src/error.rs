@@ -9,9 +9,6 @@ use http_body_util::{BodyExt, Full};
 
 use crate::body::ProxyBody;
 
-/// Header naming the error code on every response compactor generated itself.
-pub const PROXY_ERROR_HEADER: &str = "x-compactor-error";
-
 /// Who caused a failure; decides the log level and, later, whether a retry could help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -76,7 +73,7 @@ impl ProxyError {
         }
     }
 
-    /// OpenAI's `error.code`; also the value of [`PROXY_ERROR_HEADER`] and a low-cardinality log label.
+    /// OpenAI's `error.code`; also the value of [`crate::headers::PROXY_ERROR`] and a low-cardinality log label.
     pub fn code(&self) -> &'static str {
         match self {
             ProxyError::NotFound { .. } => "not_found",
@@ -123,7 +120,7 @@ pub fn error_response(
         HeaderValue::from_static("application/json"),
     );
     if let Ok(value) = HeaderValue::from_str(code) {
-        headers.insert(PROXY_ERROR_HEADER, value);
+        headers.insert(crate::headers::PROXY_ERROR, value);
     }
     response
 }

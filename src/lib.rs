@@ -8,7 +8,7 @@ pub mod body;
 pub mod compaction;
 pub mod config;
 pub mod error;
-pub mod mock_upstream;
+pub mod headers;
 pub mod proxy;
 pub mod server;
 pub mod sse;

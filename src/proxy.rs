@@ -19,7 +19,8 @@ use crate::body::{self, LoggedBody, ProxyBody, RequestLog, UpstreamBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::upstream::{strip_hop_by_hop, Upstream, Upstreams};
+use crate::headers::strip_hop_by_hop;
+use crate::upstream::{Upstream, Upstreams};
 
 /// Everything a request needs, built once at start-up.
 pub struct App {

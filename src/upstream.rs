@@ -13,14 +13,9 @@ use wildmatch::WildMatch;
 
 use crate::body::ProxyBody;
 use crate::config::{Config, TlsConfig, UpstreamConfig};
+use crate::headers::{strip_hop_by_hop, CONTROL_HEADERS};
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
-
-/// Request headers that steer compactor itself and are never forwarded.
-pub const CONTROL_HEADERS: [&str; 2] = [
-    crate::compaction::engine::CONTROL_HEADER,
-    crate::compaction::engine::NOTICE_HEADER,
-];
 
 pub struct Upstream {
     pub name: String,
@@ -187,34 +182,6 @@ fn build_client(
         .build(connector))
 }
 
-/// Removes the headers that describe one connection rather than the message (RFC 9110 §7.6.1),
-/// including every header the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ] {
-        headers.remove(name);
-    }
-}
-
 /// All configured upstreams in order.
 pub struct Upstreams {
     list: Vec<Upstream>,
@@ -248,26 +215,5 @@ impl Upstreams {
 
     pub fn by_name(&self, name: &str) -> Option<&Upstream> {
         self.list.iter().find(|u| u.name == name)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_and_connection_named_headers_are_removed() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, x-private"),
-        );
-        headers.insert("x-private", HeaderValue::from_static("1"));
-        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        headers.insert("x-kept", HeaderValue::from_static("yes"));
-        strip_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 1);
-        assert_eq!(headers["x-kept"], "yes");
     }
 }

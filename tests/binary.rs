@@ -5,7 +5,7 @@ mod common;
 use std::process::Stdio;
 
 use common::*;
-use compactor::mock_upstream::MockOptions;
+use mock_upstream::MockOptions;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 

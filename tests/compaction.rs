@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use compactor::mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
 use http::StatusCode;
+use mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
 use serde_json::{json, Value};
 
 struct Stack {
@@ -86,7 +86,7 @@ fn summary_text(message: &Value) -> String {
         .to_string()
 }
 
-fn summarizer_prompt(request: &compactor::mock_upstream::RecordedRequest) -> String {
+fn summarizer_prompt(request: &mock_upstream::RecordedRequest) -> String {
     request.json()["messages"][0]["content"]
         .as_str()
         .unwrap()

@@ -4,9 +4,9 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use compactor::mock_upstream::{MockHandle, MockOptions};
 use http::{Request, StatusCode};
 use http_body_util::Full;
+use mock_upstream::{MockHandle, MockOptions};
 
 async fn gateway() -> (MockHandle, Proxy) {
     let mock = echo_mock().await;

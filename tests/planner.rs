@@ -805,8 +805,8 @@ mod properties {
             // Whatever OpenAI's validation accepted before, it accepts after.
             let before = json!({"messages": messages});
             let after = json!({"messages": out});
-            if compactor::mock_upstream::validate_messages(&before).is_ok() {
-                let verdict = compactor::mock_upstream::validate_messages(&after);
+            if mock_upstream::validate_messages(&before).is_ok() {
+                let verdict = mock_upstream::validate_messages(&after);
                 prop_assert!(verdict.is_ok(), "{:?}", verdict);
             }
 

@@ -6,15 +6,11 @@ use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::{ChatCompletionMessageToolCalls, CreateChatCompletionRequest};
 use async_openai::Client;
 use common::*;
-use compactor::mock_upstream::MockOptions;
 use futures_util::StreamExt;
+use mock_upstream::MockOptions;
 use serde_json::json;
 
-async fn sdk_client() -> (
-    compactor::mock_upstream::MockHandle,
-    Proxy,
-    Client<OpenAIConfig>,
-) {
+async fn sdk_client() -> (mock_upstream::MockHandle, Proxy, Client<OpenAIConfig>) {
     compactor::server::install_crypto_provider();
     let mock = mock(MockOptions::default()).await;
     let proxy = proxy(&config_for(&mock, "")).await;

@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json_scan::object_members;
 use super::tokens::{json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD};
 
 /// A raw JSON value as it appears in the request (a slice of its bytes).
@@ -56,12 +55,12 @@ impl Role {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Deserialize)]
 struct RequestView<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    messages: Vec<&'a RawValue>,
+    messages: Vec<MessageFields<'a>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -70,6 +69,113 @@ struct RequestView<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+}
+
+/// The members of one message object that planning reads, as raw slices, read in the same
+/// serde pass that validates the body; `first` and `last` locate the object's braces.
+struct MessageFields<'a> {
+    role: Option<&'a str>,
+    name: Option<&'a str>,
+    content: Option<&'a str>,
+    refusal: Option<&'a str>,
+    tool_calls: Option<&'a str>,
+    function_call: Option<&'a str>,
+    tool_call_id: Option<&'a str>,
+    /// The first member's value and the last member's value.
+    first: &'a str,
+    last: &'a str,
+}
+
+enum Field {
+    Role,
+    Name,
+    Content,
+    Refusal,
+    ToolCalls,
+    FunctionCall,
+    ToolCallId,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Field, D::Error> {
+        struct FieldVisitor;
+        impl serde::de::Visitor<'_> for FieldVisitor {
+            type Value = Field;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a message member name")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Field, E> {
+                Ok(match key {
+                    "role" => Field::Role,
+                    "name" => Field::Name,
+                    "content" => Field::Content,
+                    "refusal" => Field::Refusal,
+                    "tool_calls" => Field::ToolCalls,
+                    "function_call" => Field::FunctionCall,
+                    "tool_call_id" => Field::ToolCallId,
+                    _ => Field::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(FieldVisitor)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MessageVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for MessageVisitor<'a> {
+            type Value = MessageFields<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MessageFields<'a>, A::Error> {
+                let mut fields = MessageFields {
+                    role: None,
+                    name: None,
+                    content: None,
+                    refusal: None,
+                    tool_calls: None,
+                    function_call: None,
+                    tool_call_id: None,
+                    first: "",
+                    last: "",
+                };
+                let mut seen_any = false;
+                while let Some(field) = map.next_key::<Field>()? {
+                    // Every value is taken raw (a slice of the body): unknown members too, so
+                    // the last one's end is known and the object's bytes can be located.
+                    let value: &'de RawValue = map.next_value()?;
+                    let value = value.get();
+                    if !seen_any {
+                        fields.first = value;
+                        seen_any = true;
+                    }
+                    fields.last = value;
+                    let slot = match field {
+                        Field::Role => &mut fields.role,
+                        Field::Name => &mut fields.name,
+                        Field::Content => &mut fields.content,
+                        Field::Refusal => &mut fields.refusal,
+                        Field::ToolCalls => &mut fields.tool_calls,
+                        Field::FunctionCall => &mut fields.function_call,
+                        Field::ToolCallId => &mut fields.tool_call_id,
+                        Field::Other => continue,
+                    };
+                    *slot = Some(value);
+                }
+                if fields.role.is_none() {
+                    return Err(serde::de::Error::missing_field("role"));
+                }
+                Ok(fields)
+            }
+        }
+        deserializer.deserialize_map(MessageVisitor(std::marker::PhantomData))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,13 +257,15 @@ impl<'a> Conversation<'a> {
         let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
         let view: RequestView<'a> =
             serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
-        let messages_span = array_span(text, &view.messages);
         let messages = view
             .messages
             .into_iter()
             .enumerate()
-            .map(|(i, raw)| Message::parse(raw.get()).map_err(|e| ParseError::BadMessage(i, e)))
+            .map(|(i, fields)| {
+                Message::from_fields(text, fields).map_err(|e| ParseError::BadMessage(i, e))
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        let messages_span = array_span(text, &messages);
         Ok(Conversation {
             body,
             model: view.model,
@@ -194,83 +302,129 @@ fn offset_in(outer: &str, inner: &str) -> usize {
     (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize)
 }
 
-/// The byte range of the array holding `items` (slices of `text`): JSON allows only whitespace
-/// between the brackets and the first and last items. Empty for an empty array, which is never
-/// rewritten.
-fn array_span(text: &str, items: &[&RawValue]) -> std::ops::Range<usize> {
-    let (Some(first), Some(last)) = (items.first(), items.last()) else {
+/// The byte range of the array holding `messages` (slices of `text`): JSON allows only
+/// whitespace between the brackets and the first and last items. Empty for an empty array,
+/// which is never rewritten.
+fn array_span(text: &str, messages: &[Message<'_>]) -> std::ops::Range<usize> {
+    let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
         return 0..0;
     };
     let bytes = text.as_bytes();
-    let mut start = offset_in(text, first.get());
-    while start > 0 && bytes[start - 1].is_ascii_whitespace() {
-        start -= 1;
-    }
-    let mut end = offset_in(text, last.get()) + last.get().len();
-    while end < bytes.len() && bytes[end].is_ascii_whitespace() {
-        end += 1;
-    }
+    let start = skip_ws_back(bytes, offset_in(text, first.raw.get()));
+    let end = skip_ws(
+        bytes,
+        offset_in(text, last.raw.get()) + last.raw.get().len(),
+    );
     if start == 0 || bytes[start - 1] != b'[' || bytes.get(end) != Some(&b']') {
         return 0..0;
     }
     start - 1..end + 1
 }
 
+fn skip_ws(bytes: &[u8], mut i: usize) -> usize {
+    while matches!(bytes.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        i += 1;
+    }
+    i
+}
+
+/// The index after the last non-whitespace byte before `end`.
+fn skip_ws_back(bytes: &[u8], mut end: usize) -> usize {
+    while end > 0 && matches!(bytes[end - 1], b' ' | b'\n' | b'\r' | b'\t') {
+        end -= 1;
+    }
+    end
+}
+
+/// The byte range of the object whose first member's value starts at `first` and whose last
+/// member's value ends at `last_end`, in text serde has already validated: back over
+/// `"key" :` to the `{`, forward over whitespace to the `}`.
+fn object_span(text: &str, first: usize, last_end: usize) -> Option<std::ops::Range<usize>> {
+    let bytes = text.as_bytes();
+    let mut i = skip_ws_back(bytes, first);
+    if i == 0 || bytes[i - 1] != b':' {
+        return None;
+    }
+    i = skip_ws_back(bytes, i - 1);
+    if i == 0 || bytes[i - 1] != b'"' {
+        return None;
+    }
+    // The key's opening quote: the nearest quote before its closing one that is not escaped
+    // (inside a valid string every quote is preceded by an odd run of backslashes).
+    let mut j = i - 1;
+    loop {
+        let quote = memchr::memrchr(b'"', &bytes[..j])?;
+        let backslashes = bytes[..quote]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
+            j = quote;
+            break;
+        }
+        j = quote;
+    }
+    let open = skip_ws_back(bytes, j);
+    let close = skip_ws(bytes, last_end);
+    (open > 0 && bytes[open - 1] == b'{' && bytes.get(close) == Some(&b'}'))
+        .then(|| open - 1..close + 1)
+}
+
 impl<'a> Message<'a> {
-    /// Reads one message object. Only the fields planning needs are looked at; the rest stays
-    /// in `raw`, forwarded as is.
+    /// Reads one message object on its own (the injected summary, say).
     pub fn parse(raw: &'a str) -> Result<Message<'a>, String> {
-        let mut role = None;
-        let mut message = Message {
-            raw: Json(raw.trim()),
-            role: Role::Other,
-            role_text: Cow::Borrowed(""),
-            name: None,
-            content: None,
-            refusal: None,
-            tool_calls: Vec::new(),
-            tool_calls_raw: None,
-            function_call: None,
-            tool_call_id: None,
-        };
-        for (key, value) in object_members(raw)? {
-            let key = decode_key(key)?;
-            match key.as_ref() {
-                "role" => role = Some(string_value(value).ok_or("role is not a string")?),
-                "name" => message.name = string_value(value),
-                "content" => message.content = Json::non_null(value),
-                "refusal" => message.refusal = Json::non_null(value),
-                "tool_calls" => message.tool_calls_raw = Json::non_null(value),
-                "function_call" => message.function_call = Json::non_null(value),
-                "tool_call_id" => message.tool_call_id = string_value(value),
-                _ => {}
+        let fields: MessageFields<'a> = serde_json::from_str(raw).map_err(|e| e.to_string())?;
+        Message::from_fields(raw, fields)
+    }
+
+    /// Builds a message from the members the body pass collected; `text` is the document
+    /// they are slices of.
+    fn from_fields(text: &'a str, fields: MessageFields<'a>) -> Result<Message<'a>, String> {
+        let first = offset_in(text, fields.first);
+        let last_end = offset_in(text, fields.last) + fields.last.len();
+        let span = object_span(text, first, last_end).ok_or("cannot locate the message object")?;
+        let role = fields
+            .role
+            .and_then(string_value)
+            .ok_or("role is not a string")?;
+        let tool_calls_raw = fields.tool_calls.and_then(Json::non_null);
+        let tool_calls = match tool_calls_raw {
+            Some(raw_calls) => {
+                let calls: Vec<ToolCallView<'a>> = serde_json::from_str(raw_calls.get())
+                    .map_err(|e| format!("tool_calls: {e}"))?;
+                calls
+                    .into_iter()
+                    .map(|call| {
+                        let (name, arguments_raw) = match call.function {
+                            Some(f) => (
+                                f.name.unwrap_or(Cow::Borrowed("")),
+                                f.arguments.map(|raw| Json(raw.get())),
+                            ),
+                            None => (Cow::Borrowed(""), None),
+                        };
+                        ToolCall {
+                            id: call.id.unwrap_or(Cow::Borrowed("")),
+                            name,
+                            arguments_raw,
+                        }
+                    })
+                    .collect()
             }
-        }
-        let role = role.ok_or("missing field `role`")?;
-        message.role = Role::parse(&role);
-        message.role_text = role;
-        if let Some(raw_calls) = message.tool_calls_raw {
-            let calls: Vec<ToolCallView<'a>> =
-                serde_json::from_str(raw_calls.get()).map_err(|e| format!("tool_calls: {e}"))?;
-            message.tool_calls = calls
-                .into_iter()
-                .map(|call| {
-                    let (name, arguments_raw) = match call.function {
-                        Some(f) => (
-                            f.name.unwrap_or(Cow::Borrowed("")),
-                            f.arguments.map(|raw| Json(raw.get())),
-                        ),
-                        None => (Cow::Borrowed(""), None),
-                    };
-                    ToolCall {
-                        id: call.id.unwrap_or(Cow::Borrowed("")),
-                        name,
-                        arguments_raw,
-                    }
-                })
-                .collect();
-        }
-        Ok(message)
+            None => Vec::new(),
+        };
+        Ok(Message {
+            raw: Json(&text[span]),
+            role: Role::parse(&role),
+            role_text: role,
+            name: fields.name.and_then(string_value),
+            content: fields.content.and_then(Json::non_null),
+            refusal: fields.refusal.and_then(Json::non_null),
+            tool_calls,
+            tool_calls_raw,
+            function_call: fields.function_call.and_then(Json::non_null),
+            tool_call_id: fields.tool_call_id.and_then(string_value),
+        })
     }
 
     pub fn has_tool_calls(&self) -> bool {
@@ -342,17 +496,6 @@ fn string_value(raw: &str) -> Option<Cow<'_, str>> {
         serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
     } else {
         Some(Cow::Borrowed(inner))
-    }
-}
-
-/// A member key's text; keys with escapes (legal, rare) are decoded.
-fn decode_key(key: &str) -> Result<Cow<'_, str>, String> {
-    if key.contains('\\') {
-        serde_json::from_str::<String>(&format!("\"{key}\""))
-            .map(Cow::Owned)
-            .map_err(|e| e.to_string())
-    } else {
-        Ok(Cow::Borrowed(key))
     }
 }
 

@@ -7,7 +7,6 @@ pub mod cache;
 pub mod conversation;
 pub mod digest;
 pub mod engine;
-mod json_scan;
 mod outcome;
 pub mod plan;
 pub mod rewrite;

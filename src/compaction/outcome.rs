@@ -2,6 +2,8 @@
 
 use http::header::{HeaderMap, HeaderValue};
 
+use crate::headers;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutcomeKind {
     /// Nothing was changed: under every trigger, switched off, or nothing to summarize.
@@ -66,17 +68,11 @@ impl Outcome {
     }
 
     pub fn write_headers(&self, headers: &mut HeaderMap) {
+        headers.insert(headers::COMPACTION, HeaderValue::from_static(self.label()));
         headers.insert(
-            "x-compactor-compaction",
-            HeaderValue::from_static(self.label()),
-        );
-        headers.insert(
-            "x-compactor-tokens-before",
+            headers::TOKENS_BEFORE,
             HeaderValue::from(self.tokens_before),
         );
-        headers.insert(
-            "x-compactor-tokens-after",
-            HeaderValue::from(self.tokens_after),
-        );
+        headers.insert(headers::TOKENS_AFTER, HeaderValue::from(self.tokens_after));
     }
 }

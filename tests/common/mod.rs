@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use compactor::config::Config;
-use compactor::mock_upstream::{self, MockHandle, MockOptions};
 use compactor::proxy::App;
 use compactor::server;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -17,6 +16,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use mock_upstream::{self, MockHandle, MockOptions};
 use tokio::sync::oneshot;
 
 /// Bound for every wait in tests: long enough never to fire on a healthy run, short enough that

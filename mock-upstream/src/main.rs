@@ -1,9 +1,10 @@
 //! `mock-upstream`: the loopback chat-completions server used by tests, benchmarks and the demo.
 
+use std::io::Write;
 use std::time::Duration;
 
 use clap::Parser;
-use compactor::mock_upstream::{self, MockMode, MockOptions};
+use mock_upstream::{MockMode, MockOptions};
 
 #[derive(Parser)]
 #[command(about = "Mock OpenAI-compatible upstream for tests, benchmarks and the demo")]
@@ -58,8 +59,11 @@ fn main() -> std::process::ExitCode {
     runtime.block_on(async move {
         match mock_upstream::start(&cli.listen, options).await {
             Ok(handle) => {
-                compactor::server::announce("mock-upstream", handle.addr);
-                compactor::server::shutdown_signal().await;
+                // Scripts and black-box tests wait for this exact line.
+                let mut out = std::io::stdout();
+                let _ = writeln!(out, "mock-upstream listening on http://{}", handle.addr);
+                let _ = out.flush();
+                wait_for_signal().await;
                 std::process::ExitCode::SUCCESS
             }
             Err(e) => {
@@ -68,4 +72,19 @@ fn main() -> std::process::ExitCode {
             }
         }
     })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }

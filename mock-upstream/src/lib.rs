@@ -39,7 +39,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::body::BoxError;
+/// The error type of every body the mock serves.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MockMode {
