@@ -1,11 +1,10 @@
-//! Body types of the request path: the boxed body every response uses, the upstream response
-//! body (frame by frame, with an idle timeout and an optional notice written first), and the
-//! wrapper that writes the one log line per request once the body has ended or was dropped.
+//! Body types of the request path: the boxed body every response uses, and the upstream
+//! response body (frame by frame, with an idle timeout and an optional notice written first).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::collections::VecDeque;
 
@@ -16,7 +15,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use tokio::time::Sleep;
 
 use crate::config::NoticeMode;
-use crate::sse::{self, Notice};
+use crate::notice::{self as sse, Notice};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -185,116 +184,5 @@ where
             NoticeState::None => self.inner.size_hint(),
             _ => SizeHint::default(),
         }
-    }
-}
-
-/// What the request log line says; filled in as the request goes through its phases.
-#[derive(Debug, Default)]
-pub struct RequestLog {
-    pub method: String,
-    pub path: String,
-    pub status: u16,
-    pub upstream: Option<String>,
-    pub model: Option<String>,
-    pub bytes_in: u64,
-    pub error: Option<&'static str>,
-    pub compaction: Option<crate::compaction::Outcome>,
-}
-
-/// Counts the bytes a client received and writes the request's log line exactly once: when the
-/// body ends, fails, or is dropped early (a client that went away).
-pub struct LoggedBody {
-    inner: ProxyBody,
-    log: Option<RequestLog>,
-    started: Instant,
-    bytes_out: u64,
-}
-
-impl LoggedBody {
-    pub fn new(inner: ProxyBody, log: RequestLog, started: Instant) -> Self {
-        LoggedBody {
-            inner,
-            log: Some(log),
-            started,
-            bytes_out: 0,
-        }
-    }
-
-    fn finish(&mut self, end: &'static str) {
-        if let Some(log) = self.log.take() {
-            emit_log_line(&log, self.started.elapsed(), self.bytes_out, end);
-        }
-    }
-}
-
-fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'static str) {
-    if !tracing::enabled!(target: "compactor::access", tracing::Level::INFO) {
-        return;
-    }
-    let duration_ms = format!("{:.2}", elapsed.as_secs_f64() * 1000.0);
-    let upstream = log.upstream.as_deref().unwrap_or("-");
-    let model = log.model.as_deref().unwrap_or("-");
-    let error = log.error.unwrap_or("-");
-    match &log.compaction {
-        None => tracing::info!(
-            target: "compactor::access",
-            method = %log.method, path = %log.path, status = log.status, upstream, model,
-            duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
-            "request"
-        ),
-        Some(c) => tracing::info!(
-            target: "compactor::access",
-            method = %log.method, path = %log.path, status = log.status, upstream, model,
-            duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
-            compaction = c.label(), reason = c.reason, tokens_before = c.tokens_before,
-            tokens_after = c.tokens_after, messages_summarized = c.messages_summarized,
-            summarizer_ms = c.summarizer_ms.unwrap_or(0), cache = c.cache_label(),
-            headroom_unmet = c.headroom_unmet,
-            "request"
-        ),
-    }
-}
-
-impl Body for LoggedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.bytes_out += data.len() as u64;
-                }
-            }
-            Poll::Ready(Some(Err(_))) => self.finish("error"),
-            Poll::Ready(None) => self.finish("complete"),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for LoggedBody {
-    fn drop(&mut self) {
-        // A body dropped before its end means the client went away (or hyper never polled an
-        // empty body to its end); either way the line is still written.
-        let end = if self.inner.is_end_stream() {
-            "complete"
-        } else {
-            "client_gone"
-        };
-        self.finish(end);
     }
 }

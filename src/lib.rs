@@ -1,15 +1,19 @@
 //! compactor: an OpenAI-compatible reverse proxy that compacts long conversations in flight.
 //!
 //! The binary (`main.rs`) is a thin shell over this library: `server` accepts connections,
-//! `proxy` handles one request as a sequence of phases, `upstream` owns the pooled clients and
-//! routing, `compaction` decides and performs compaction, `config` loads proxy.yaml.
+//! `proxy` handles one request as a sequence of phases, `routing` picks the upstream,
+//! `upstream` owns its pooled client, `compaction` decides and performs compaction, `config`
+//! loads proxy.yaml; `headers`, `body`, `notice`, `access_log` and `error` are what they say.
+#![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod body;
 pub mod compaction;
 pub mod config;
 pub mod error;
 pub mod headers;
+pub mod notice;
 pub mod proxy;
+pub mod routing;
 pub mod server;
-pub mod sse;
 pub mod upstream;

@@ -1,8 +1,7 @@
 //! The request handler, as its phases: local routes → read or stream the body → route →
 //! compact (chat completions only) → build the upstream request → send → respond.
-//! Logging happens once, when the response body ends (see [`crate::body::LoggedBody`]).
+//! Logging happens once, when the response body ends (see [`crate::access_log::LoggedBody`]).
 
-use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,14 +12,15 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use serde::Deserialize;
 
-use crate::body::{self, LoggedBody, ProxyBody, RequestLog, UpstreamBody};
+use crate::access_log::{LoggedBody, RequestLog};
+use crate::body::{self, ProxyBody, UpstreamBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::headers::strip_hop_by_hop;
-use crate::upstream::{Upstream, Upstreams};
+use crate::headers::{strip_hop_by_hop, strip_own};
+use crate::routing::{forwarded_path, model_of, Upstreams};
+use crate::upstream::{Upstream, UpstreamSetupError};
 
 /// Everything a request needs, built once at start-up.
 pub struct App {
@@ -31,7 +31,7 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(config: Config) -> Result<App, crate::upstream::UpstreamSetupError> {
+    pub fn new(config: Config) -> Result<App, UpstreamSetupError> {
         let config = Arc::new(config);
         let upstreams = Arc::new(Upstreams::from_config(&config)?);
         let compaction = config
@@ -129,11 +129,11 @@ async fn proxy(
         Inbound::Buffered(bytes) => match (&app.compaction, compacting) {
             (Some(engine), true) => {
                 let result = engine
-                    .compact(&parts.headers, bytes, upstream)
+                    .compact(&parts.headers, bytes, &upstream.name)
                     .await
-                    .map_err(|e| {
-                        log.compaction = Some(e.outcome.clone());
-                        e.error
+                    .map_err(|refused| {
+                        log.compaction = Some(refused.outcome);
+                        ProxyError::CompactionFailed(refused.failure.to_string())
                     })?;
                 let body = body::full(result.body.clone());
                 compacted = Some(result);
@@ -185,15 +185,6 @@ fn local_route(app: &App, request: &Request<Incoming>) -> Option<Response<ProxyB
     Some(response)
 }
 
-/// The part of `path` after the listen prefix, or None when the path is not under it.
-fn forwarded_path<'a>(prefix: &str, path: &'a str) -> Option<&'a str> {
-    if prefix == "/" {
-        return Some(path);
-    }
-    let rest = path.strip_prefix(prefix)?;
-    (rest.is_empty() || rest.starts_with('/')).then_some(rest)
-}
-
 fn is_json_post(method: &Method, headers: &HeaderMap) -> bool {
     method == Method::POST
         && headers
@@ -230,18 +221,6 @@ async fn read_body(incoming: Incoming, limit: u64) -> Result<Bytes, ProxyError> 
     }
 }
 
-/// The body's `model`, skimmed without building the rest of the document.
-fn model_of(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct ModelOnly<'a> {
-        #[serde(borrow, default)]
-        model: Option<Cow<'a, str>>,
-    }
-    serde_json::from_slice::<ModelOnly>(body)
-        .ok()
-        .and_then(|m| m.model.map(Cow::into_owned))
-}
-
 async fn send(
     upstream: &Upstream,
     request: Request<ProxyBody>,
@@ -269,6 +248,7 @@ async fn send(
     };
     let (mut parts, incoming) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    strip_own(&mut parts.headers);
     let prelude = compacted.and_then(|c| c.notice_for(parts.status, &parts.headers));
     if prelude.is_some() {
         // The notice makes the body longer than the upstream declared.
@@ -287,32 +267,4 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_matching_respects_segment_boundaries() {
-        assert_eq!(
-            forwarded_path("/v1", "/v1/chat/completions"),
-            Some("/chat/completions")
-        );
-        assert_eq!(forwarded_path("/v1", "/v1"), Some(""));
-        assert_eq!(forwarded_path("/v1", "/v10/models"), None);
-        assert_eq!(forwarded_path("/v1", "/other"), None);
-        assert_eq!(forwarded_path("/", "/anything"), Some("/anything"));
-    }
-
-    #[test]
-    fn model_is_skimmed_including_escaped_strings() {
-        assert_eq!(
-            model_of(br#"{"messages":[],"model":"gpt-4o"}"#).as_deref(),
-            Some("gpt-4o")
-        );
-        assert_eq!(model_of(br#"{"model":"a\"b"}"#).as_deref(), Some("a\"b"));
-        assert_eq!(model_of(b"not json"), None);
-        assert_eq!(model_of(br#"{"model":3}"#), None);
-    }
 }

@@ -1,5 +1,5 @@
-//! Upstreams: the pooled client for each, routing a model to an upstream, and building the
-//! upstream request (URL mapping, hop-by-hop headers, credentials).
+//! One upstream: its pooled client and how a request is built for it (URL mapping, hop-by-hop
+//! and control headers, credentials).
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use wildmatch::WildMatch;
 
 use crate::body::ProxyBody;
-use crate::config::{Config, TlsConfig, UpstreamConfig};
+use crate::config::{TlsConfig, UpstreamConfig};
 use crate::headers::{strip_hop_by_hop, CONTROL_HEADERS};
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
@@ -26,7 +26,7 @@ pub struct Upstream {
     authorization: Option<HeaderValue>,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
     models: Vec<WildMatch>,
-    matches_every_model: bool,
+    pub(crate) matches_every_model: bool,
     pub client: HttpClient,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
@@ -34,7 +34,7 @@ pub struct Upstream {
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct UpstreamSetupError(String);
+pub struct UpstreamSetupError(pub String);
 
 impl Upstream {
     pub fn new(config: &UpstreamConfig, tls: &TlsConfig) -> Result<Upstream, UpstreamSetupError> {
@@ -180,40 +180,4 @@ fn build_client(
         .timer(TokioTimer::new())
         .pool_idle_timeout(idle_timeout.min(Duration::from_secs(90)))
         .build(connector))
-}
-
-/// All configured upstreams in order.
-pub struct Upstreams {
-    list: Vec<Upstream>,
-}
-
-impl Upstreams {
-    pub fn from_config(config: &Config) -> Result<Upstreams, UpstreamSetupError> {
-        let list = config
-            .upstreams
-            .iter()
-            .map(|u| Upstream::new(u, &config.tls))
-            .collect::<Result<Vec<_>, _>>()?;
-        if list.is_empty() {
-            return Err(UpstreamSetupError("no upstream configured".into()));
-        }
-        Ok(Upstreams { list })
-    }
-
-    /// Whether routing needs the body's `model` (false when the first upstream takes every model).
-    pub fn routing_needs_model(&self) -> bool {
-        !self.list[0].matches_every_model
-    }
-
-    /// The first upstream serving `model`; without a model, the first upstream.
-    pub fn route(&self, model: Option<&str>) -> Option<&Upstream> {
-        match model {
-            Some(model) => self.list.iter().find(|u| u.serves(model)),
-            None => self.list.first(),
-        }
-    }
-
-    pub fn by_name(&self, name: &str) -> Option<&Upstream> {
-        self.list.iter().find(|u| u.name == name)
-    }
 }

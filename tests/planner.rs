@@ -3,9 +3,11 @@
 use compactor::compaction::conversation::Conversation;
 use compactor::compaction::digest::Digest;
 use compactor::compaction::plan::{
-    plan, CachedSummary, Decision, Layout, NoCache, Plan, PlanSettings, SkillRescue, SummaryLookup,
+    plan, CachedSummary, Decision, NoCache, Plan, PlanSettings, SummaryLookup,
 };
-use compactor::compaction::rewrite::{rewrite, summary_message, validate};
+use compactor::compaction::rewrite::{rewrite, summary_message};
+use compactor::compaction::skills::SkillRescue;
+use compactor::compaction::structure::{validate, Layout};
 use compactor::compaction::summary_input::{self, InputSettings};
 use compactor::compaction::tokens::TokenModel;
 use compactor::config::{ContextSize, Oversize, SummaryRole};

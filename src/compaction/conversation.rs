@@ -277,6 +277,13 @@ impl<'a> Conversation<'a> {
         })
     }
 
+    /// Byte range of message `i` in `body`.
+    pub fn message_range(&self, i: usize) -> std::ops::Range<usize> {
+        let raw = self.messages[i].raw.get();
+        let start = (raw.as_ptr() as usize).saturating_sub(self.body.as_ptr() as usize);
+        start..start + raw.len()
+    }
+
     /// Tokens of the tool/function schemas sent with every request.
     pub fn schema_tokens(&self, model: &TokenModel) -> u64 {
         let chars = [self.tools, self.functions]

@@ -1,46 +1,48 @@
-//! Compaction in flight (DESIGN.md §1–§4): per request, threshold first, then the plan, then a
-//! cached summary or one (single-flight) summarizer call, then the rewrite. Whatever goes
-//! wrong, the original request is forwarded unless `fail_mode: closed` asks for a 503.
+//! Compaction in flight (DESIGN.md §1–§4), as orchestration only: per request, threshold first,
+//! then the plan, then a cached summary or one shared summarizer run, then the splice. Whatever
+//! goes wrong, the original request is forwarded unless `fail_mode: closed` refuses it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue};
+use http::header::{HeaderMap, AUTHORIZATION};
 use http::StatusCode;
 
-use super::cache::{Scope, ScopedLookup, SummaryCache};
+use super::cache::{CacheKey, ScopedLookup, SummaryCache};
+use super::control::{self, Control};
 use super::conversation::{Conversation, Message};
 use super::digest::hash_parts;
-use super::plan::{self, CachedSummary, Decision, Layout, PlanSettings};
-use super::rewrite::{self, summary_message};
+use super::failure::CompactionFailure;
+use super::offload::run_cpu;
+use super::plan::{self, CachedSummary, Decision, PlanSettings};
+use super::rewrite::{summary_message, Splice};
+use super::scope::{fingerprint, Credentials, Scope};
+use super::single_flight::SingleFlight;
+use super::structure::Layout;
 use super::summarizer::{HttpSummarizer, Summarizer, SummaryError, SummaryRequest};
 use super::summary_input::{self, InputSettings};
 use super::tokens::{ModelTable, TokenModel};
 use super::{CacheUse, Outcome, OutcomeKind};
 use crate::config::{Config, FailMode, NoticeMode, SummarizationConfig};
-use crate::error::ProxyError;
-use crate::sse::Notice;
-use crate::upstream::{Upstream, Upstreams};
-
-/// Request header steering compaction: `off` or `force`.
-pub const CONTROL_HEADER: &str = "x-compactor";
-/// Request header choosing the notice form for this request.
-pub const NOTICE_HEADER: &str = "x-compactor-notice";
-
-/// Bodies above this are planned on the blocking pool, off the reactor threads.
-const INLINE_PLAN_LIMIT: usize = 1024 * 1024;
+use crate::headers;
+use crate::notice::Notice;
+use crate::routing::Upstreams;
 
 #[derive(Clone)]
 pub struct CompactionEngine {
     inner: Arc<Inner>,
 }
 
+/// What every request waiting on one summarizer run gets.
+type Shared = Result<Arc<CachedSummary>, CompactionFailure>;
+
 struct Inner {
     config: SummarizationConfig,
     settings: PlanSettings,
     models: ModelTable,
     cache: SummaryCache,
+    flights: SingleFlight<Shared>,
     summarizer: Arc<dyn Summarizer>,
 }
 
@@ -54,7 +56,7 @@ pub struct Compacted {
 
 /// Compaction could not run and `fail_mode: closed` asks for an error instead of forwarding.
 pub struct CompactionRefused {
-    pub error: ProxyError,
+    pub failure: CompactionFailure,
     pub outcome: Outcome,
 }
 
@@ -80,13 +82,6 @@ impl Compacted {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Control {
-    Auto,
-    Off,
-    Force,
-}
-
 /// What the synchronous (CPU) part decided.
 enum Prepared {
     Forward { outcome: Outcome },
@@ -97,17 +92,33 @@ enum Prepared {
 /// Everything the asynchronous part needs to make and apply a summary.
 struct Job {
     layout: Layout,
+    /// Where the kept messages lie in the body: the summary is spliced in without a re-parse.
+    splice: Splice,
     messages_summarized: usize,
     /// Tokens the summary replaces (summarized messages, plus the previous summary).
     replaced_tokens: u64,
     chunks: Vec<String>,
     previous: Option<String>,
-    key: super::cache::CacheKey,
+    key: CacheKey,
     model: String,
     upstream: String,
     token_model: TokenModel,
     tokens_before: u64,
     cache_hit: bool,
+}
+
+impl Job {
+    /// Requests sharing a prefix may still keep different messages verbatim (a newer user
+    /// message after the cut, say); only identical layouts share one summary.
+    fn flight_key(&self) -> [u8; 32] {
+        let excluded: Vec<u8> = self
+            .layout
+            .excluded
+            .iter()
+            .flat_map(|index| (*index as u64).to_le_bytes())
+            .collect();
+        hash_parts([self.key.as_slice(), &excluded])
+    }
 }
 
 impl CompactionEngine {
@@ -124,6 +135,7 @@ impl CompactionEngine {
                 settings: PlanSettings::from_config(&config.summarization),
                 models: ModelTable::new(&config.models),
                 cache: SummaryCache::new(config.cache.max_bytes),
+                flights: SingleFlight::default(),
                 summarizer,
             }),
         }
@@ -133,58 +145,65 @@ impl CompactionEngine {
         self.inner.cache.len()
     }
 
+    /// Compacts one chat-completions body addressed to `upstream` (by name).
     pub async fn compact(
         &self,
         headers: &HeaderMap,
         body: Bytes,
-        upstream: &Upstream,
+        upstream: &str,
     ) -> Result<Compacted, CompactionRefused> {
-        let control = match headers.get(CONTROL_HEADER).and_then(|v| v.to_str().ok()) {
-            Some(v) if v.eq_ignore_ascii_case("off") => Control::Off,
-            Some(v) if v.eq_ignore_ascii_case("force") => Control::Force,
-            _ => Control::Auto,
-        };
+        let control = Control::of(headers);
         if control == Control::Off {
             return Ok(Compacted::original(
                 body,
                 Outcome::skipped(0, "disabled_by_header"),
             ));
         }
-        let notice_mode = headers
-            .get(NOTICE_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(NoticeMode::parse)
-            .unwrap_or(self.inner.config.notice);
-        let credentials = Credentials::of(headers);
-        let force = control == Control::Force;
-        let upstream_name = upstream.name.clone();
-        let prepared = {
-            let inner = self.inner.clone();
-            let body = body.clone();
-            run_cpu(body.len(), move || {
-                inner.prepare(&body, &credentials, &upstream_name, force)
-            })
-            .await
-        };
-        let job = match prepared {
-            Some(Prepared::Forward { outcome }) => return Ok(Compacted::original(body, outcome)),
+        let notice_mode = control::notice_mode(headers, self.inner.config.notice);
+        match self.prepare(headers, &body, upstream, control).await {
+            Some(Prepared::Forward { outcome }) => Ok(Compacted::original(body, outcome)),
             Some(Prepared::Reused {
                 body: rewritten,
                 outcome,
-            }) => {
-                return Ok(Compacted {
-                    body: Bytes::from(rewritten),
-                    rewritten: true,
-                    outcome,
-                    notice: None,
-                })
+            }) => Ok(Compacted {
+                body: Bytes::from(rewritten),
+                rewritten: true,
+                outcome,
+                notice: None,
+            }),
+            Some(Prepared::Summarize(job)) => {
+                self.summarize(*job, headers, body, notice_mode).await
             }
-            Some(Prepared::Summarize(job)) => job,
-            None => {
-                return self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted)
-            }
-        };
+            None => self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted),
+        }
+    }
 
+    /// The CPU part, off the reactor for large bodies.
+    async fn prepare(
+        &self,
+        headers: &HeaderMap,
+        body: &Bytes,
+        upstream: &str,
+        control: Control,
+    ) -> Option<Prepared> {
+        let inner = self.inner.clone();
+        let body = body.clone();
+        let credentials = Credentials::of(headers);
+        let upstream = upstream.to_string();
+        run_cpu(body.len(), move || {
+            inner.prepare(&body, &credentials, &upstream, control == Control::Force)
+        })
+        .await
+    }
+
+    /// Gets the summary (shared with concurrent requests) and splices it in.
+    async fn summarize(
+        &self,
+        job: Job,
+        headers: &HeaderMap,
+        body: Bytes,
+        notice_mode: NoticeMode,
+    ) -> Result<Compacted, CompactionRefused> {
         let started = Instant::now();
         let summary = self.summary_for(&job, headers).await;
         let summarizer_ms = started.elapsed().as_millis() as u64;
@@ -203,32 +222,10 @@ impl CompactionEngine {
                 return result;
             }
         };
-        let rewritten = {
-            let body = body.clone();
-            let layout = job.layout.clone();
-            let role = self.inner.config.summary_role;
-            let text = summary.text.clone();
-            run_cpu(body.len(), move || {
-                let conversation = Conversation::parse(&body).ok()?;
-                rewrite::rewrite(&conversation, &layout, &summary_message(&text, role)).ok()
-            })
-            .await
-            .flatten()
-        };
-        let Some(rewritten) = rewritten else {
-            return self.failed(
-                body,
-                job.tokens_before,
-                CompactionFailure::RewriteInvalid,
-                cache_use,
-            );
-        };
-        let tokens_after = job.layout.projected_tokens
-            - self
-                .inner
-                .settings
-                .summary_estimate_tokens
-                .min(job.layout.projected_tokens)
+        let summary_json = summary_message(&summary.text, self.inner.config.summary_role);
+        let rewritten = job.splice.apply(&body, &summary_json);
+        let estimate = self.inner.settings.summary_estimate_tokens;
+        let tokens_after = job.layout.projected_tokens - estimate.min(job.layout.projected_tokens)
             + summary.tokens;
         let outcome = Outcome {
             kind: OutcomeKind::Summarized,
@@ -259,65 +256,52 @@ impl CompactionEngine {
         })
     }
 
-    /// The summary for a job: made once for all concurrent requests that need it.
-    async fn summary_for(
-        &self,
-        job: &Job,
-        headers: &HeaderMap,
-    ) -> Result<Arc<CachedSummary>, CompactionFailure> {
+    /// The summary for a job, made once for all concurrent requests that need it, in a task
+    /// that outlives any one of them and stores its result in the cache.
+    async fn summary_for(&self, job: &Job, headers: &HeaderMap) -> Shared {
         let request = SummaryRequest {
             upstream: job.upstream.clone(),
             model: job.model.clone(),
             prompt: String::new(),
             max_tokens: self.inner.config.summary_max_tokens,
-            client_authorization: headers.get(http::header::AUTHORIZATION).cloned(),
-            client_api_key: headers.get("api-key").cloned(),
+            client_authorization: headers.get(AUTHORIZATION).cloned(),
+            client_api_key: headers.get(headers::API_KEY).cloned(),
         };
         let inner = self.inner.clone();
-        // Requests sharing a prefix may still keep different messages verbatim (a newer user
-        // message after the cut, say); only identical layouts share one summary.
-        let excluded: Vec<u8> = job
-            .layout
-            .excluded
-            .iter()
-            .flat_map(|index| (*index as u64).to_le_bytes())
-            .collect();
-        let flight = hash_parts([job.key.as_slice(), &excluded]);
-        let (result, _ran) = self
+        let key = job.key;
+        let chunks = job.chunks.clone();
+        let previous = job.previous.clone();
+        let token_model = job.token_model;
+        let replaced_tokens = job.replaced_tokens;
+        let (cut, excluded) = (job.layout.cut, job.layout.excluded.clone());
+        // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
+        let bound = Duration::from_secs_f64(inner.config.timeout_secs) * chunks.len().max(1) as u32;
+        let (shared, _started) = self
             .inner
-            .cache
-            .single_flight(flight, job.key, || async move {
-                let mut previous = job.previous.clone();
-                for chunk in &job.chunks {
-                    let prompt = summary_input::render_prompt(
-                        inner.config.summary_prompt.as_deref(),
-                        previous.as_deref(),
-                        chunk,
-                    );
-                    let text = inner
-                        .summarizer
-                        .summarize(SummaryRequest {
-                            prompt,
-                            ..request.clone()
-                        })
-                        .await
-                        .map_err(CompactionFailure::Summarizer)?;
-                    previous = Some(text);
+            .flights
+            .join(job.flight_key(), move || async move {
+                let made = async {
+                    let text = inner.fold_chunks(&request, previous, &chunks).await?;
+                    let tokens = summary_tokens(&text, &inner.config, &token_model);
+                    if tokens >= replaced_tokens {
+                        return Err(CompactionFailure::NotSmaller);
+                    }
+                    let summary = Arc::new(CachedSummary {
+                        cut,
+                        excluded,
+                        text,
+                        tokens,
+                    });
+                    inner.cache.insert(key, summary.clone());
+                    Ok(summary)
+                };
+                match tokio::time::timeout(bound, made).await {
+                    Ok(result) => result,
+                    Err(_) => Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound))),
                 }
-                let text = previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))?;
-                let tokens = summary_tokens(&text, &inner.config, &job.token_model);
-                if tokens >= job.replaced_tokens {
-                    return Err(CompactionFailure::NotSmaller);
-                }
-                Ok(Arc::new(CachedSummary {
-                    cut: job.layout.cut,
-                    excluded: job.layout.excluded.clone(),
-                    text,
-                    tokens,
-                }))
             })
             .await;
-        result
+        shared.unwrap_or(Err(CompactionFailure::Internal))
     }
 
     fn failed(
@@ -336,16 +320,38 @@ impl CompactionEngine {
         };
         match self.inner.config.fail_mode {
             FailMode::Open => Ok(Compacted::original(body, outcome)),
-            FailMode::Closed => Err(CompactionRefused {
-                error: ProxyError::CompactionFailed(failure.to_string()),
-                outcome,
-            }),
+            FailMode::Closed => Err(CompactionRefused { failure, outcome }),
         }
     }
 }
 
 impl Inner {
-    /// The CPU part: parse, threshold, cache lookup, plan, and for reuse the rewrite.
+    /// Summarizes the chunks in order, each folded into the next; one chunk is one call.
+    async fn fold_chunks(
+        &self,
+        request: &SummaryRequest,
+        mut previous: Option<String>,
+        chunks: &[String],
+    ) -> Result<String, CompactionFailure> {
+        for chunk in chunks {
+            let prompt = summary_input::render_prompt(
+                self.config.summary_prompt.as_deref(),
+                previous.as_deref(),
+                chunk,
+            );
+            let text = self
+                .summarizer
+                .summarize(SummaryRequest {
+                    prompt,
+                    ..request.clone()
+                })
+                .await?;
+            previous = Some(text);
+        }
+        previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))
+    }
+
+    /// The CPU part: parse, threshold, cache lookup, plan, and for reuse the splice.
     fn prepare(
         &self,
         body: &[u8],
@@ -372,7 +378,7 @@ impl Inner {
             .unwrap_or_else(|| upstream.to_string());
         let mut lookup = ScopedLookup::new(&self.cache, || Scope {
             tenant: credentials.tenant(),
-            fingerprint: self.fingerprint(&model, &upstream),
+            fingerprint: fingerprint(&self.config, &model, &upstream),
         });
         let plan = plan::plan(
             &conversation,
@@ -386,35 +392,33 @@ impl Inner {
             (true, true) => CacheUse::Hit,
             (true, false) => CacheUse::Miss,
         };
-        match plan.decision {
-            Decision::PassThrough { reason } => Prepared::Forward {
+        let tokens_before = plan.tokens_before;
+        let forward =
+            |kind: OutcomeKind, cache: CacheUse, reason: &'static str| Prepared::Forward {
                 outcome: Outcome {
-                    cache: cache_use,
-                    ..Outcome::skipped(plan.tokens_before, reason)
+                    kind,
+                    cache,
+                    ..Outcome::skipped(tokens_before, reason)
                 },
-            },
+            };
+        match plan.decision {
+            Decision::PassThrough { reason } => forward(OutcomeKind::Skipped, cache_use, reason),
             Decision::Reuse { layout, summary } => {
+                let Ok(splice) = Splice::new(&conversation, &layout) else {
+                    return forward(OutcomeKind::Failed, CacheUse::Hit, "rewrite_invalid");
+                };
                 let json = summary_message(&summary.text, self.config.summary_role);
-                match rewrite::rewrite(&conversation, &layout, &json) {
-                    Ok(body) => Prepared::Reused {
-                        body,
-                        outcome: Outcome {
-                            kind: OutcomeKind::Reused,
-                            tokens_before: plan.tokens_before,
-                            tokens_after: layout.projected_tokens,
-                            messages_summarized: 0,
-                            summarizer_ms: None,
-                            cache: CacheUse::Hit,
-                            headroom_unmet: layout.headroom_unmet,
-                            reason: "sticky",
-                        },
-                    },
-                    Err(_) => Prepared::Forward {
-                        outcome: Outcome {
-                            kind: OutcomeKind::Failed,
-                            cache: CacheUse::Hit,
-                            ..Outcome::skipped(plan.tokens_before, "rewrite_invalid")
-                        },
+                Prepared::Reused {
+                    body: splice.apply(body, &json),
+                    outcome: Outcome {
+                        kind: OutcomeKind::Reused,
+                        tokens_before,
+                        tokens_after: layout.projected_tokens,
+                        messages_summarized: 0,
+                        summarizer_ms: None,
+                        cache: CacheUse::Hit,
+                        headroom_unmet: layout.headroom_unmet,
+                        reason: "sticky",
                     },
                 }
             }
@@ -425,15 +429,14 @@ impl Inner {
                 replaced_tokens,
             } => {
                 let Some(chain) = plan.chain.as_ref() else {
-                    return Prepared::Forward {
-                        outcome: Outcome::skipped(plan.tokens_before, "no_chain"),
-                    };
+                    return forward(OutcomeKind::Skipped, cache_use, "no_chain");
                 };
                 if model.is_empty() {
-                    return Prepared::Forward {
-                        outcome: Outcome::skipped(plan.tokens_before, "no_model"),
-                    };
+                    return forward(OutcomeKind::Skipped, cache_use, "no_model");
                 }
+                let Ok(splice) = Splice::new(&conversation, &layout) else {
+                    return forward(OutcomeKind::Failed, cache_use, "rewrite_invalid");
+                };
                 let entries = summary_input::transcript_entries(&conversation, &to_summarize);
                 let input = summary_input::build(
                     entries,
@@ -449,6 +452,7 @@ impl Inner {
                 drop(lookup);
                 Prepared::Summarize(Box::new(Job {
                     key,
+                    splice,
                     layout,
                     messages_summarized: to_summarize.len(),
                     replaced_tokens,
@@ -457,51 +461,11 @@ impl Inner {
                     model,
                     upstream,
                     token_model,
-                    tokens_before: plan.tokens_before,
+                    tokens_before,
                     cache_hit: plan.cache_hit,
                 }))
             }
         }
-    }
-
-    /// Everything that changes what a summary says: summaries made differently never mix.
-    fn fingerprint(&self, model: &str, upstream: &str) -> [u8; 32] {
-        let c = &self.config;
-        let description = serde_json::json!({
-            "model": model,
-            "upstream": upstream,
-            "prompt": c.summary_prompt,
-            "trim": c.trim_tokens_to_summarize,
-            "oversize": c.oversize,
-            "max_tokens": c.summary_max_tokens,
-            "role": c.summary_role,
-        });
-        hash_parts([description.to_string().as_bytes()])
-    }
-}
-
-/// The headers that identify a client (cheap reference-counted copies).
-struct Credentials([Option<HeaderValue>; 3]);
-
-const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
-
-impl Credentials {
-    fn of(headers: &HeaderMap) -> Credentials {
-        Credentials(CREDENTIAL_HEADERS.map(|name| headers.get(name).cloned()))
-    }
-
-    /// A hash of the client's credential: tenants never share summaries.
-    fn tenant(&self) -> [u8; 32] {
-        let values = self
-            .0
-            .iter()
-            .map(|value| value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
-        hash_parts(
-            CREDENTIAL_HEADERS
-                .iter()
-                .map(|n| n.as_bytes())
-                .chain(values),
-        )
     }
 }
 
@@ -510,46 +474,4 @@ fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) 
     Message::parse(&json)
         .map(|m| m.tokens(model))
         .unwrap_or(u64::MAX)
-}
-
-/// Why compaction was needed but could not be applied.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CompactionFailure {
-    #[error(transparent)]
-    Summarizer(#[from] SummaryError),
-    #[error("the summary is not smaller than what it replaces")]
-    NotSmaller,
-    #[error("the rewritten request did not validate")]
-    RewriteInvalid,
-    #[error("the planning task did not complete")]
-    Internal,
-}
-
-impl CompactionFailure {
-    /// A low-cardinality label for logs and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            CompactionFailure::Summarizer(SummaryError::NoUpstream(_)) => "summarizer_no_upstream",
-            CompactionFailure::Summarizer(SummaryError::Transport(_)) => "summarizer_unreachable",
-            CompactionFailure::Summarizer(SummaryError::Status(_)) => "summarizer_http_error",
-            CompactionFailure::Summarizer(SummaryError::Timeout(_)) => "summarizer_timeout",
-            CompactionFailure::Summarizer(SummaryError::Blank) => "summarizer_blank",
-            CompactionFailure::NotSmaller => "summary_not_smaller",
-            CompactionFailure::RewriteInvalid => "rewrite_invalid",
-            CompactionFailure::Internal => "internal_error",
-        }
-    }
-}
-
-/// Runs CPU-heavy work inline for small bodies, on the blocking pool for large ones.
-async fn run_cpu<T, F>(size: usize, work: F) -> Option<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> T + Send + 'static,
-{
-    if size <= INLINE_PLAN_LIMIT {
-        Some(work())
-    } else {
-        tokio::task::spawn_blocking(work).await.ok()
-    }
 }

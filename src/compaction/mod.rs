@@ -1,15 +1,26 @@
-//! Compaction. The pure planner: `conversation` (the request as a borrowed view), `tokens`
-//! (the estimate), `plan` (what to summarize and keep), `summary_input` (the summarizer's
-//! prompt), `rewrite` (the new body and its validator), `digest` (cache keys). The parts that
-//! call out: `engine` (per request), `summarizer` (the LLM call), `cache` (sticky summaries).
+//! Compaction. The pure planner: `conversation` (the request as a borrowed view, read in one
+//! pass), `tokens` (the estimate), `structure` (tool-call groups, valid cuts, the validator),
+//! `skills` (skill reads worth keeping), `plan` (what to summarize and keep), `summary_input`
+//! (the summarizer's prompt), `rewrite` (the splice), `digest` (cache keys). The parts that
+//! call out or hold state: `engine` (orchestration per request), `control` (the request's
+//! control headers), `scope` (tenant and fingerprint), `offload` (CPU work off the reactor),
+//! `single_flight`, `summarizer` (the LLM call), `cache` (sticky summaries), `failure` and
+//! `outcome` (what happened).
 
 pub mod cache;
+pub mod control;
 pub mod conversation;
 pub mod digest;
 pub mod engine;
+pub mod failure;
+pub mod offload;
 mod outcome;
 pub mod plan;
 pub mod rewrite;
+pub mod scope;
+pub mod single_flight;
+pub mod skills;
+pub mod structure;
 pub mod summarizer;
 pub mod summary_input;
 pub mod tokens;

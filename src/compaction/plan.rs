@@ -5,11 +5,10 @@
 //! which messages stay verbatim and where. Everything it returns is checked again by
 //! [`super::rewrite::validate`] before a byte is sent.
 
-use std::collections::HashMap;
-
 use super::conversation::{Conversation, Role};
 use super::digest::{prefix_chain, Digest};
-use super::rewrite::validate_layout;
+use super::skills::{skill_bundles, SkillBundle, SkillRescue};
+use super::structure::{validate_layout, Groups, Layout};
 use super::tokens::TokenModel;
 use crate::config::{ContextSize, SummarizationConfig};
 
@@ -23,15 +22,6 @@ pub struct PlanSettings {
     /// Size assumed for a summary that does not exist yet (`summary_max_tokens` + framing).
     pub summary_estimate_tokens: u64,
     pub skills: SkillRescue,
-}
-
-#[derive(Debug, Clone)]
-pub struct SkillRescue {
-    pub max_count: u64,
-    pub max_tokens: u64,
-    pub max_tokens_per_skill: u64,
-    pub tool_names: Vec<String>,
-    pub container_path: String,
 }
 
 impl PlanSettings {
@@ -92,21 +82,6 @@ enum Threshold {
     Messages(u64),
 }
 
-/// Where the conversation is cut and what stays verbatim.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Layout {
-    /// Leading system/developer messages, pinned first.
-    pub head: usize,
-    /// `messages[cut..]` is kept verbatim.
-    pub cut: usize,
-    /// Messages before `cut` kept verbatim after the summary: the latest user message if the
-    /// cut passed it, then rescued skill groups, in original order.
-    pub excluded: Vec<usize>,
-    /// Estimated tokens of the compacted request (with the summary's estimate or real size).
-    pub projected_tokens: u64,
-    pub headroom_unmet: bool,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Forward the original bytes.
@@ -135,17 +110,6 @@ pub struct Plan {
     pub chain: Option<Vec<Digest>>,
     pub cache_consulted: bool,
     pub cache_hit: bool,
-}
-
-/// A tool-call group that read skill files: rescued whole.
-struct SkillBundle {
-    start: usize,
-    /// The group's messages: the assistant and every result answering it.
-    members: Vec<usize>,
-    /// Tokens of the whole group (assistant and every result), which is what stays verbatim.
-    tokens: u64,
-    /// The group's skill paths, sorted and joined: one bundle per distinct set.
-    key: String,
 }
 
 /// Per-request facts every step reads.
@@ -213,7 +177,7 @@ pub fn plan(
     // A layout whose verbatim messages do not form a valid list (the request itself has an
     // unanswered call or an orphan result) is never worth a summarizer call.
     if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
-        if validate_layout(conversation, layout).is_err() {
+        if validate_layout(&conversation.messages, layout).is_err() {
             decision = Decision::PassThrough {
                 reason: "invalid_tool_structure",
             };
@@ -279,47 +243,9 @@ impl Analysis {
             .count();
         let pinned_tokens = tokens[..head].iter().sum();
 
-        // Groups: an assistant with tool calls plus every later tool message answering one of
-        // its ids, adjacent or not. A cut strictly inside a group's span would split it.
-        let mut group_start: Vec<usize> = (0..n).collect();
-        let mut group_end: Vec<usize> = (0..n).collect();
-        let mut owner: HashMap<&str, usize> = HashMap::new();
-        for (i, message) in messages.iter().enumerate() {
-            if message.has_tool_calls() {
-                for call in &message.tool_calls {
-                    owner.insert(call.id.as_ref(), i);
-                }
-            } else if message.role == Role::Tool {
-                if let Some(&start) = message.tool_call_id.as_deref().and_then(|id| owner.get(id)) {
-                    group_start[i] = start;
-                    group_end[start] = group_end[start].max(i);
-                }
-            }
-        }
-        for i in 0..n {
-            group_end[i] = group_end[group_start[i]];
-        }
-        let mut depth = vec![0i64; n + 2];
-        for start in 0..n {
-            if group_start[start] == start && group_end[start] > start {
-                depth[start + 1] += 1;
-                depth[group_end[start] + 1] -= 1;
-            }
-        }
-        let mut valid_cut = vec![true; n + 1];
-        let mut running = 0;
-        for (c, valid) in valid_cut.iter_mut().enumerate() {
-            running += depth[c];
-            *valid = running == 0;
-        }
-        let last_group_start = if n == 0 { 0 } else { group_start[n - 1] };
-        let max_cut = (0..=last_group_start)
-            .rev()
-            .find(|&c| valid_cut[c])
-            .unwrap_or(0);
+        let groups = Groups::of(messages);
         let latest_user = messages.iter().rposition(|m| m.role == Role::User);
-        let skill_bundles =
-            skill_bundles(conversation, settings, &tokens, &group_start, &group_end);
+        let skill_bundles = skill_bundles(conversation, &settings.skills, &tokens, &groups);
         Analysis {
             skill_bundles,
             tokens,
@@ -327,8 +253,8 @@ impl Analysis {
             pinned_tokens,
             schema_tokens: conversation.schema_tokens(model),
             head,
-            valid_cut,
-            max_cut,
+            valid_cut: groups.valid_cut,
+            max_cut: groups.max_cut,
             latest_user,
             thresholds,
             model: *model,
@@ -588,60 +514,6 @@ impl Analysis {
     }
 }
 
-/// Every group whose calls read skill files (name in the configured list, path under the
-/// container) and got their results.
-fn skill_bundles(
-    conversation: &Conversation<'_>,
-    settings: &PlanSettings,
-    tokens: &[u64],
-    group_start: &[usize],
-    group_end: &[usize],
-) -> Vec<SkillBundle> {
-    let skills = &settings.skills;
-    if skills.max_count == 0 || skills.max_tokens == 0 {
-        return Vec::new();
-    }
-    let messages = &conversation.messages;
-    let mut bundles = Vec::new();
-    for (start, message) in messages.iter().enumerate() {
-        if !message.has_tool_calls() || group_start[start] != start {
-            continue;
-        }
-        let reads_skills = message
-            .tool_calls
-            .iter()
-            .any(|call| skills.tool_names.iter().any(|n| n == call.name.as_ref()));
-        if !reads_skills {
-            continue;
-        }
-        let members: Vec<usize> = (start..=group_end[start])
-            .filter(|&i| group_start[i] == start)
-            .collect();
-        let answered: Vec<&str> = members
-            .iter()
-            .filter_map(|&i| messages[i].tool_call_id.as_deref())
-            .collect();
-        let mut paths: Vec<String> = message
-            .tool_calls
-            .iter()
-            .filter(|call| answered.contains(&call.id.as_ref()))
-            .filter(|call| skills.tool_names.iter().any(|n| n == call.name.as_ref()))
-            .filter_map(|call| skill_path(&call.arguments(), &skills.container_path))
-            .collect();
-        if paths.is_empty() {
-            continue;
-        }
-        paths.sort();
-        bundles.push(SkillBundle {
-            start,
-            tokens: members.iter().map(|&i| tokens[i]).sum(),
-            members,
-            key: paths.join("|"),
-        });
-    }
-    bundles
-}
-
 fn threshold(size: ContextSize, model: &TokenModel, output_reserve: u64) -> Option<Threshold> {
     match size {
         ContextSize::Tokens(v) => Some(Threshold::Tokens(v)),
@@ -651,57 +523,5 @@ fn threshold(size: ContextSize, model: &TokenModel, output_reserve: u64) -> Opti
             let usable = window.saturating_sub(output_reserve);
             Threshold::Tokens(((usable as f64 * f).floor() as u64).max(1))
         }),
-    }
-}
-
-/// The skill file a read call targets, when it lies under `container` (after resolving `.` and
-/// `..`, so `/mnt/skills/../etc` is not a skill).
-fn skill_path(arguments: &str, container: &str) -> Option<String> {
-    let args: serde_json::Value = serde_json::from_str(arguments).ok()?;
-    let path = ["path", "file_path", "filepath"]
-        .iter()
-        .filter_map(|key| args.get(key).and_then(|v| v.as_str()))
-        .find(|p| !p.is_empty())?;
-    let normalized = normalize_path(path);
-    let root = normalize_path(container);
-    let root = root.trim_end_matches('/');
-    (normalized == root || normalized.starts_with(&format!("{root}/"))).then_some(normalized)
-}
-
-fn normalize_path(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            other => parts.push(other),
-        }
-    }
-    let joined = parts.join("/");
-    if path.starts_with('/') {
-        format!("/{joined}")
-    } else {
-        joined
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn skill_paths_must_stay_inside_the_container() {
-        let container = "/mnt/skills";
-        assert_eq!(
-            skill_path(r#"{"path":"/mnt/skills/public/a/SKILL.md"}"#, container).as_deref(),
-            Some("/mnt/skills/public/a/SKILL.md")
-        );
-        assert!(skill_path(r#"{"file_path":"/mnt/skills/x"}"#, "/mnt/skills/").is_some());
-        assert!(skill_path(r#"{"path":"/mnt/skills/../etc/passwd"}"#, container).is_none());
-        assert!(skill_path(r#"{"path":"/mnt/skillsevil/x"}"#, container).is_none());
-        assert!(skill_path(r#"{"path":"/mnt/user-data/notes.md"}"#, container).is_none());
-        assert!(skill_path("not json", container).is_none());
     }
 }

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
 
 use crate::body;
-use crate::upstream::Upstreams;
+use crate::routing::Upstreams;
 
 /// One summarizer call.
 #[derive(Debug, Clone)]

@@ -1,0 +1,31 @@
+//! Why compaction was needed but could not be applied.
+
+use super::summarizer::SummaryError;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CompactionFailure {
+    #[error(transparent)]
+    Summarizer(#[from] SummaryError),
+    #[error("the summary is not smaller than what it replaces")]
+    NotSmaller,
+    #[error("the rewritten request did not validate")]
+    RewriteInvalid,
+    #[error("the planning task did not complete")]
+    Internal,
+}
+
+impl CompactionFailure {
+    /// A low-cardinality label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CompactionFailure::Summarizer(SummaryError::NoUpstream(_)) => "summarizer_no_upstream",
+            CompactionFailure::Summarizer(SummaryError::Transport(_)) => "summarizer_unreachable",
+            CompactionFailure::Summarizer(SummaryError::Status(_)) => "summarizer_http_error",
+            CompactionFailure::Summarizer(SummaryError::Timeout(_)) => "summarizer_timeout",
+            CompactionFailure::Summarizer(SummaryError::Blank) => "summarizer_blank",
+            CompactionFailure::NotSmaller => "summary_not_smaller",
+            CompactionFailure::RewriteInvalid => "rewrite_invalid",
+            CompactionFailure::Internal => "internal_error",
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Routing: which requests compactor forwards (the listen prefix) and to which upstream (the
+//! body's `model` against each upstream's globs, else the first upstream).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+
+use crate::config::Config;
+use crate::upstream::{Upstream, UpstreamSetupError};
+
+/// All configured upstreams in order.
+pub struct Upstreams {
+    list: Vec<Upstream>,
+}
+
+impl Upstreams {
+    pub fn from_config(config: &Config) -> Result<Upstreams, UpstreamSetupError> {
+        let list = config
+            .upstreams
+            .iter()
+            .map(|u| Upstream::new(u, &config.tls))
+            .collect::<Result<Vec<_>, _>>()?;
+        if list.is_empty() {
+            return Err(UpstreamSetupError("no upstream configured".into()));
+        }
+        Ok(Upstreams { list })
+    }
+
+    /// Whether routing needs the body's `model` (false when the first upstream takes every model).
+    pub fn routing_needs_model(&self) -> bool {
+        !self.list[0].matches_every_model
+    }
+
+    /// The first upstream serving `model`; without a model, the first upstream.
+    pub fn route(&self, model: Option<&str>) -> Option<&Upstream> {
+        match model {
+            Some(model) => self.list.iter().find(|u| u.serves(model)),
+            None => self.list.first(),
+        }
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Upstream> {
+        self.list.iter().find(|u| u.name == name)
+    }
+}
+
+/// The part of `path` after the listen prefix, or None when the path is not under it.
+pub fn forwarded_path<'a>(prefix: &str, path: &'a str) -> Option<&'a str> {
+    if prefix == "/" {
+        return Some(path);
+    }
+    let rest = path.strip_prefix(prefix)?;
+    (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+}
+
+/// The body's `model`, skimmed without building the rest of the document.
+pub fn model_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ModelOnly<'a> {
+        #[serde(borrow, default)]
+        model: Option<Cow<'a, str>>,
+    }
+    serde_json::from_slice::<ModelOnly>(body)
+        .ok()
+        .and_then(|m| m.model.map(Cow::into_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_matching_respects_segment_boundaries() {
+        assert_eq!(
+            forwarded_path("/v1", "/v1/chat/completions"),
+            Some("/chat/completions")
+        );
+        assert_eq!(forwarded_path("/v1", "/v1"), Some(""));
+        assert_eq!(forwarded_path("/v1", "/v10/models"), None);
+        assert_eq!(forwarded_path("/v1", "/other"), None);
+        assert_eq!(forwarded_path("/", "/anything"), Some("/anything"));
+    }
+
+    #[test]
+    fn model_is_skimmed_including_escaped_strings() {
+        assert_eq!(
+            model_of(br#"{"messages":[],"model":"gpt-4o"}"#).as_deref(),
+            Some("gpt-4o")
+        );
+        assert_eq!(model_of(br#"{"model":"a\"b"}"#).as_deref(), Some("a\"b"));
+        assert_eq!(model_of(b"not json"), None);
+        assert_eq!(model_of(br#"{"model":3}"#), None);
+    }
+}
