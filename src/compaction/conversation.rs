@@ -673,9 +673,16 @@ mod tests {
                 prop::option::of(text()),
                 any::<bool>(),
                 any::<bool>(),
+                any::<bool>(),
             )
-                .prop_map(|(role, content, name, id, parts, extra)| {
-                    let mut m = json!({"role": role});
+                .prop_map(|(role, content, name, id, parts, extra, odd_first_key)| {
+                    // A first key with escaped quotes and backslashes: the object's start is
+                    // found by walking back over it.
+                    let mut m = if odd_first_key {
+                        json!({"k\"e\\y\\\"": [1], "role": role})
+                    } else {
+                        json!({"role": role})
+                    };
                     if let Some(content) = content {
                         m["content"] = if parts {
                             json!([{"type": "text", "text": content}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}])
@@ -696,7 +703,35 @@ mod tests {
                 })
         }
 
+        #[derive(Deserialize)]
+        struct RawMessages<'a> {
+            #[serde(borrow)]
+            messages: Vec<&'a RawValue>,
+        }
+
         proptest! {
+            #[test]
+            fn one_pass_reader_agrees_with_serde_on_every_message_span(
+                messages in prop::collection::vec(message(), 1..6),
+                pretty in any::<bool>(),
+            ) {
+                let body = json!({"model": "m", "messages": messages, "temperature": 0.5});
+                let text = if pretty {
+                    serde_json::to_string_pretty(&body).unwrap()
+                } else {
+                    serde_json::to_string(&body).unwrap()
+                };
+                let conversation = Conversation::parse(text.as_bytes()).unwrap();
+                let reference: RawMessages = serde_json::from_str(&text).unwrap();
+                prop_assert_eq!(conversation.messages.len(), reference.messages.len());
+                for (i, (ours, theirs)) in conversation.messages.iter().zip(&reference.messages).enumerate() {
+                    prop_assert_eq!(ours.raw.get(), theirs.get());
+                    prop_assert_eq!(&text.as_bytes()[conversation.message_range(i)], theirs.get().as_bytes());
+                }
+                let span: Value = serde_json::from_slice(&text.as_bytes()[conversation.messages_span.clone()]).unwrap();
+                prop_assert_eq!(&span, &body["messages"]);
+            }
+
             #[test]
             fn fields_match(message in message(), pretty in any::<bool>()) {
                 let raw = if pretty {

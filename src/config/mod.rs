@@ -1,17 +1,22 @@
-//! proxy.yaml: typed structs with their defaults, `${VAR}` expansion, and a `validate()` pass that
-//! reports every problem with the key it concerns.
+//! proxy.yaml: the schema, every default in one place (the `Default` impls below), and loading.
+//! `${VAR}` expansion lives in `env`, the checks that report every problem with its key in
+//! `validate`.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::Path;
+
+mod env;
+mod validate;
+
+pub use env::expand_vars;
 
 use serde::{Deserialize, Serialize, Serializer};
 
 /// A string that must never reach a log or `compactor check` output (API keys).
 #[derive(Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
-pub struct Secret(String);
+pub struct Secret(pub(crate) String);
 
 impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
@@ -38,73 +43,60 @@ impl Serialize for Secret {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Address to listen on, `host:port`. Port 0 picks a free port (printed at start-up).
-    #[serde(default = "defaults::listen")]
     pub listen: String,
     /// Path prefix clients use; `{prefix}/rest` is forwarded to `{base_url}/rest`.
-    #[serde(default = "defaults::prefix")]
     pub prefix: String,
     /// Upstreams, tried in order: a request goes to the first whose `models` matches its model.
     pub upstreams: Vec<UpstreamConfig>,
     /// Per-model facts used by token estimates and `fraction` triggers; first match wins.
-    #[serde(default)]
     pub models: Vec<ModelConfig>,
-    #[serde(default)]
+    /// Compaction: when, how much, and with which summarizer.
     pub summarization: SummarizationConfig,
-    #[serde(default)]
+    /// The summary cache.
     pub cache: CacheConfig,
-    #[serde(default)]
+    /// Bounds on what one client may make compactor hold.
     pub limits: LimitsConfig,
-    #[serde(default)]
+    /// How upstream TLS certificates are checked.
     pub tls: TlsConfig,
     /// How long in-flight requests and streams may run after SIGINT/SIGTERM.
-    #[serde(default = "defaults::shutdown_grace_secs")]
     pub shutdown_grace_secs: f64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Name used in logs, response headers and `summarization.upstream`.
     pub name: String,
     /// Base URL including the API version path, e.g. `https://api.openai.com/v1`.
     pub base_url: String,
     /// When set and non-empty, replaces the client's Authorization with `Bearer <api_key>`.
-    #[serde(default)]
     pub api_key: Option<Secret>,
     /// Extra headers set on every request to this upstream (replacing any the client sent).
-    #[serde(default)]
     pub headers: BTreeMap<String, Secret>,
     /// Glob patterns (`*`, `?`) of the models this upstream serves.
-    #[serde(default = "defaults::all_models")]
     pub models: Vec<String>,
     /// TCP (and TLS) connect timeout.
-    #[serde(default = "defaults::connect_timeout_secs")]
     pub connect_timeout_secs: f64,
     /// Time allowed between sending the request and receiving the response headers.
-    #[serde(default = "defaults::first_byte_timeout_secs")]
     pub first_byte_timeout_secs: f64,
     /// Longest silence allowed between two response body frames.
-    #[serde(default = "defaults::idle_timeout_secs")]
     pub idle_timeout_secs: f64,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     /// Glob matched against the request's `model`.
     #[serde(rename = "match")]
     pub pattern: String,
     /// Context window, used by `fraction` triggers and keeps.
-    #[serde(default)]
     pub max_input_tokens: Option<u64>,
     /// Characters per token for the estimate (default 4.0, 3.3 for `claude*`).
-    #[serde(default)]
     pub chars_per_token: Option<f64>,
     /// Tokens counted for each image part (default 85).
-    #[serde(default)]
     pub image_tokens: Option<u64>,
 }
 
@@ -195,60 +187,100 @@ impl SummaryRole {
 
 /// The `summarization:` block. A DeerFlow `summarization:` block loads as is; the rest is ours.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct SummarizationConfig {
     /// Compaction on or off.
-    #[serde(default)]
     pub enabled: bool,
     /// Model for the summarizer call; null uses the request's own model.
-    #[serde(default)]
     pub model_name: Option<String>,
     /// Upstream (by name) for the summarizer call; null uses the request's upstream.
-    #[serde(default)]
     pub upstream: Option<String>,
     /// When to compact: any entry reached (`>=`) triggers.
-    #[serde(default = "defaults::trigger")]
     pub trigger: OneOrMany,
     /// How much recent conversation is kept verbatim.
-    #[serde(default = "defaults::keep")]
     pub keep: ContextSize,
     /// Token budget of the summarizer's input; null means no bound.
-    #[serde(default = "defaults::trim_tokens_to_summarize")]
     pub trim_tokens_to_summarize: Option<u64>,
     /// Custom prompt; must contain `{messages}`.
-    #[serde(default)]
     pub summary_prompt: Option<String>,
     /// Role of the injected summary message.
-    #[serde(default = "defaults::summary_role")]
     pub summary_role: SummaryRole,
     /// `max_tokens` of the summarizer call, also the summary's size estimate for headroom.
-    #[serde(default = "defaults::summary_max_tokens")]
     pub summary_max_tokens: u64,
     /// After compaction the request must sit under `headroom × threshold`; null disables.
-    #[serde(default = "defaults::headroom")]
     pub headroom: Option<f64>,
     /// Summarizer call timeout.
-    #[serde(default = "defaults::timeout_secs")]
     pub timeout_secs: f64,
     /// What happens when compaction was needed but could not run.
-    #[serde(default = "defaults::fail_mode")]
     pub fail_mode: FailMode,
     /// Form of the `context_compacting` notice on streams.
-    #[serde(default = "defaults::notice")]
     pub notice: NoticeMode,
     /// How an over-budget summarizer input is handled.
-    #[serde(default = "defaults::oversize")]
     pub oversize: Oversize,
-    #[serde(default = "defaults::preserve_recent_skill_count")]
+    /// Skill-read groups kept verbatim instead of summarized, newest first; 0 disables.
     pub preserve_recent_skill_count: u64,
-    #[serde(default = "defaults::preserve_recent_skill_tokens")]
+    /// Total token budget of the rescued skill groups.
     pub preserve_recent_skill_tokens: u64,
-    #[serde(default = "defaults::preserve_recent_skill_tokens_per_skill")]
+    /// A skill group larger than this is not rescued.
     pub preserve_recent_skill_tokens_per_skill: u64,
-    #[serde(default = "defaults::skill_file_read_tool_names")]
+    /// Tools whose calls read skill files.
     pub skill_file_read_tool_names: Vec<String>,
-    #[serde(default = "defaults::skills_container_path")]
+    /// A read counts as a skill read when its path lies under this directory.
     pub skills_container_path: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Upper bound of the summary cache, in bytes of summary text.
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// JSON bodies read for routing or compaction larger than this get 413.
+    pub max_request_body_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Trust the operating system's roots instead of the compiled-in web roots.
+    pub native_roots: bool,
+}
+
+// Every default, in one place.
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".into(),
+            prefix: "/v1".into(),
+            upstreams: Vec::new(),
+            models: Vec::new(),
+            summarization: SummarizationConfig::default(),
+            cache: CacheConfig::default(),
+            limits: LimitsConfig::default(),
+            tls: TlsConfig::default(),
+            shutdown_grace_secs: 30.0,
+        }
+    }
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            name: String::new(),
+            base_url: String::new(),
+            api_key: None,
+            headers: BTreeMap::new(),
+            models: vec!["*".into()],
+            connect_timeout_secs: 10.0,
+            first_byte_timeout_secs: 600.0,
+            idle_timeout_secs: 300.0,
+        }
+    }
 }
 
 impl Default for SummarizationConfig {
@@ -257,143 +289,41 @@ impl Default for SummarizationConfig {
             enabled: false,
             model_name: None,
             upstream: None,
-            trigger: defaults::trigger(),
-            keep: defaults::keep(),
-            trim_tokens_to_summarize: defaults::trim_tokens_to_summarize(),
+            trigger: OneOrMany::Many(vec![ContextSize::Tokens(60_000)]),
+            keep: ContextSize::Messages(20),
+            trim_tokens_to_summarize: Some(4000),
             summary_prompt: None,
-            summary_role: defaults::summary_role(),
-            summary_max_tokens: defaults::summary_max_tokens(),
-            headroom: defaults::headroom(),
-            timeout_secs: defaults::timeout_secs(),
-            fail_mode: defaults::fail_mode(),
-            notice: defaults::notice(),
-            oversize: defaults::oversize(),
-            preserve_recent_skill_count: defaults::preserve_recent_skill_count(),
-            preserve_recent_skill_tokens: defaults::preserve_recent_skill_tokens(),
-            preserve_recent_skill_tokens_per_skill:
-                defaults::preserve_recent_skill_tokens_per_skill(),
-            skill_file_read_tool_names: defaults::skill_file_read_tool_names(),
-            skills_container_path: defaults::skills_container_path(),
+            summary_role: SummaryRole::User,
+            summary_max_tokens: 1024,
+            headroom: Some(0.75),
+            timeout_secs: 60.0,
+            fail_mode: FailMode::Open,
+            notice: NoticeMode::Comment,
+            oversize: Oversize::Trim,
+            preserve_recent_skill_count: 5,
+            preserve_recent_skill_tokens: 25_000,
+            preserve_recent_skill_tokens_per_skill: 5_000,
+            skill_file_read_tool_names: ["read_file", "read", "view", "cat"]
+                .map(String::from)
+                .to_vec(),
+            skills_container_path: "/mnt/skills".into(),
         }
     }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CacheConfig {
-    /// Upper bound of the summary cache, in bytes of summary text.
-    #[serde(default = "defaults::cache_max_bytes")]
-    pub max_bytes: u64,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            max_bytes: defaults::cache_max_bytes(),
+            max_bytes: 64 * 1024 * 1024,
         }
     }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// JSON bodies read for routing or compaction larger than this get 413.
-    #[serde(default = "defaults::max_request_body_bytes")]
-    pub max_request_body_bytes: u64,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
-            max_request_body_bytes: defaults::max_request_body_bytes(),
+            max_request_body_bytes: 32 * 1024 * 1024,
         }
-    }
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// Trust the operating system's roots instead of the compiled-in web roots.
-    #[serde(default)]
-    pub native_roots: bool,
-}
-
-mod defaults {
-    use super::*;
-    pub fn listen() -> String {
-        "127.0.0.1:8080".into()
-    }
-    pub fn prefix() -> String {
-        "/v1".into()
-    }
-    pub fn shutdown_grace_secs() -> f64 {
-        30.0
-    }
-    pub fn all_models() -> Vec<String> {
-        vec!["*".into()]
-    }
-    pub fn connect_timeout_secs() -> f64 {
-        10.0
-    }
-    pub fn first_byte_timeout_secs() -> f64 {
-        600.0
-    }
-    pub fn idle_timeout_secs() -> f64 {
-        300.0
-    }
-    pub fn trigger() -> OneOrMany {
-        OneOrMany::Many(vec![ContextSize::Tokens(60_000)])
-    }
-    pub fn keep() -> ContextSize {
-        ContextSize::Messages(20)
-    }
-    pub fn trim_tokens_to_summarize() -> Option<u64> {
-        Some(4000)
-    }
-    pub fn summary_role() -> SummaryRole {
-        SummaryRole::User
-    }
-    pub fn summary_max_tokens() -> u64 {
-        1024
-    }
-    pub fn headroom() -> Option<f64> {
-        Some(0.75)
-    }
-    pub fn timeout_secs() -> f64 {
-        60.0
-    }
-    pub fn fail_mode() -> FailMode {
-        FailMode::Open
-    }
-    pub fn notice() -> NoticeMode {
-        NoticeMode::Comment
-    }
-    pub fn oversize() -> Oversize {
-        Oversize::Trim
-    }
-    pub fn preserve_recent_skill_count() -> u64 {
-        5
-    }
-    pub fn preserve_recent_skill_tokens() -> u64 {
-        25_000
-    }
-    pub fn preserve_recent_skill_tokens_per_skill() -> u64 {
-        5_000
-    }
-    pub fn skill_file_read_tool_names() -> Vec<String> {
-        ["read_file", "read", "view", "cat"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-    }
-    pub fn skills_container_path() -> String {
-        "/mnt/skills".into()
-    }
-    pub fn cache_max_bytes() -> u64 {
-        64 * 1024 * 1024
-    }
-    pub fn max_request_body_bytes() -> u64 {
-        32 * 1024 * 1024
     }
 }
 
@@ -475,207 +405,10 @@ impl Config {
         );
     }
 
-    /// Every problem, each naming its key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let mut problems = Vec::new();
-        self.validate_into(&mut problems);
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError(problems))
-        }
-    }
-
-    fn validate_into(&self, problems: &mut Vec<String>) {
-        if self.listen.parse::<SocketAddr>().is_err() {
-            problems.push(format!(
-                "listen: '{}' is not a host:port socket address",
-                self.listen
-            ));
-        }
-        if !self.prefix.starts_with('/') || (self.prefix.len() > 1 && self.prefix.ends_with('/')) {
-            problems.push(format!(
-                "prefix: '{}' must start with '/' and not end with '/'",
-                self.prefix
-            ));
-        }
-        if self.upstreams.is_empty() {
-            problems.push("upstreams: at least one upstream is required".into());
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, upstream) in self.upstreams.iter().enumerate() {
-            let key = format!("upstreams[{i}]");
-            if upstream.name.is_empty() {
-                problems.push(format!("{key}.name: must not be empty"));
-            } else if !names.insert(upstream.name.as_str()) {
-                problems.push(format!(
-                    "{key}.name: '{}' is used by an earlier upstream",
-                    upstream.name
-                ));
-            }
-            match upstream.base_url.parse::<http::Uri>() {
-                Ok(uri)
-                    if matches!(uri.scheme_str(), Some("http") | Some("https"))
-                        && uri.authority().is_some()
-                        && uri.query().is_none() => {}
-                _ => problems.push(format!(
-                    "{key}.base_url: '{}' must be an http:// or https:// URL without a query",
-                    upstream.base_url
-                )),
-            }
-            for (name, value) in &upstream.headers {
-                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                    problems.push(format!(
-                        "{key}.headers: '{name}' is not a valid header name"
-                    ));
-                }
-                if http::HeaderValue::from_str(value.expose()).is_err() {
-                    problems.push(format!("{key}.headers.{name}: not a valid header value"));
-                }
-            }
-            if upstream.models.is_empty() {
-                problems.push(format!("{key}.models: must list at least one pattern"));
-            }
-            for (field, value) in [
-                ("connect_timeout_secs", upstream.connect_timeout_secs),
-                ("first_byte_timeout_secs", upstream.first_byte_timeout_secs),
-                ("idle_timeout_secs", upstream.idle_timeout_secs),
-            ] {
-                positive_secs(&format!("{key}.{field}"), value, problems);
-            }
-        }
-        for (i, model) in self.models.iter().enumerate() {
-            let key = format!("models[{i}]");
-            if model.max_input_tokens == Some(0) {
-                problems.push(format!("{key}.max_input_tokens: must be > 0"));
-            }
-            if let Some(cpt) = model.chars_per_token {
-                if !(cpt.is_finite() && cpt > 0.0) {
-                    problems.push(format!("{key}.chars_per_token: must be > 0"));
-                }
-            }
-        }
-        positive_secs("shutdown_grace_secs", self.shutdown_grace_secs, problems);
-        if self.limits.max_request_body_bytes == 0 {
-            problems.push("limits.max_request_body_bytes: must be > 0".into());
-        }
-        self.validate_summarization(problems);
-    }
-
-    fn validate_summarization(&self, problems: &mut Vec<String>) {
-        let s = &self.summarization;
-        let triggers = s.trigger.to_vec();
-        for (i, size) in triggers.iter().enumerate() {
-            let key = match s.trigger {
-                OneOrMany::One(_) => "summarization.trigger".to_string(),
-                OneOrMany::Many(_) => format!("summarization.trigger[{i}]"),
-            };
-            validate_size(&key, size, problems);
-        }
-        if s.enabled && triggers.is_empty() {
-            problems.push(
-                "summarization.trigger: at least one trigger is required when enabled".into(),
-            );
-        }
-        validate_size("summarization.keep", &s.keep, problems);
-        if s.trim_tokens_to_summarize == Some(0) {
-            problems.push("summarization.trim_tokens_to_summarize: must be > 0 or null".into());
-        }
-        if let Some(prompt) = &s.summary_prompt {
-            if !prompt.contains("{messages}") {
-                problems.push(
-                    "summarization.summary_prompt: must contain the {messages} placeholder".into(),
-                );
-            }
-        }
-        if s.summary_max_tokens == 0 {
-            problems.push("summarization.summary_max_tokens: must be > 0".into());
-        }
-        if let Some(headroom) = s.headroom {
-            if !(headroom > 0.0 && headroom <= 1.0) {
-                problems.push(format!(
-                    "summarization.headroom: {headroom} must be in (0, 1] or null"
-                ));
-            }
-        }
-        positive_secs("summarization.timeout_secs", s.timeout_secs, problems);
-        if let Some(name) = &s.upstream {
-            if !self.upstreams.iter().any(|u| &u.name == name) {
-                problems.push(format!(
-                    "summarization.upstream: no upstream is named '{name}'"
-                ));
-            }
-        }
-        if self.cache.max_bytes == 0 {
-            problems.push("cache.max_bytes: must be > 0".into());
-        }
-    }
-
     /// The effective config as YAML with every secret replaced by `***`.
     pub fn redacted_yaml(&self) -> String {
         serde_yaml_ng::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
-}
-
-fn validate_size(key: &str, size: &ContextSize, problems: &mut Vec<String>) {
-    match *size {
-        ContextSize::Tokens(0) => problems.push(format!("{key}: tokens must be > 0")),
-        ContextSize::Messages(0) => problems.push(format!("{key}: messages must be > 0")),
-        ContextSize::Fraction(f) if !(f > 0.0 && f <= 1.0) => {
-            problems.push(format!("{key}: fraction {f} must be in (0, 1]"))
-        }
-        _ => {}
-    }
-}
-
-fn positive_secs(key: &str, value: f64, problems: &mut Vec<String>) {
-    if !(value.is_finite() && value > 0.0) {
-        problems.push(format!("{key}: must be a positive number of seconds"));
-    }
-}
-
-/// Expands `${VAR}` and `${VAR:-default}`; `$$` is a literal `$`. An unset variable without a
-/// default is an error rather than a silent empty string, so a typo cannot blank an API key.
-pub fn expand_vars(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(stripped) = after.strip_prefix('$') {
-            out.push('$');
-            rest = stripped;
-        } else if let Some(body) = after.strip_prefix('{') {
-            let end = body
-                .find('}')
-                .ok_or_else(|| format!("unterminated '${{' in '{input}'"))?;
-            let expr = &body[..end];
-            let (name, default) = match expr.split_once(":-") {
-                Some((name, default)) => (name, Some(default)),
-                None => (expr, None),
-            };
-            let valid_name =
-                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid_name {
-                return Err(format!("'${{{expr}}}' is not a valid variable reference"));
-            }
-            match (env(name).filter(|v| !v.is_empty()), default) {
-                (Some(value), _) => out.push_str(&value),
-                (None, Some(default)) => out.push_str(default),
-                (None, None) => {
-                    return Err(format!(
-                        "environment variable {name} is not set (use ${{{name}:-}} for an optional one)"
-                    ))
-                }
-            }
-            rest = &body[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -768,6 +501,25 @@ summarization:
         ] {
             assert!(err.contains(key), "missing {key} in {err}");
         }
+    }
+
+    #[test]
+    fn missing_required_keys_are_all_reported() {
+        let yaml = "upstreams:\n  - models: [\"*\"]\nmodels:\n  - max_input_tokens: 10\n";
+        let err = Config::from_yaml_with_env(yaml, &no_env)
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "upstreams[0].name",
+            "upstreams[0].base_url",
+            "models[0].match",
+        ] {
+            assert!(err.contains(key), "missing {key} in {err}");
+        }
+        let err = Config::from_yaml_with_env("listen: 127.0.0.1:1\n", &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upstreams: at least one upstream"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,163 @@
+//! The checks a parsed config must pass; every problem is reported with its key.
+
+use std::net::SocketAddr;
+
+use super::{Config, ConfigError, ContextSize, OneOrMany};
+
+impl Config {
+    /// Every problem, each naming its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        self.validate_into(&mut problems);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(problems))
+        }
+    }
+
+    pub(super) fn validate_into(&self, problems: &mut Vec<String>) {
+        if self.listen.parse::<SocketAddr>().is_err() {
+            problems.push(format!(
+                "listen: '{}' is not a host:port socket address",
+                self.listen
+            ));
+        }
+        if !self.prefix.starts_with('/') || (self.prefix.len() > 1 && self.prefix.ends_with('/')) {
+            problems.push(format!(
+                "prefix: '{}' must start with '/' and not end with '/'",
+                self.prefix
+            ));
+        }
+        if self.upstreams.is_empty() {
+            problems.push("upstreams: at least one upstream is required".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            let key = format!("upstreams[{i}]");
+            if upstream.name.is_empty() {
+                problems.push(format!("{key}.name: must not be empty"));
+            } else if !names.insert(upstream.name.as_str()) {
+                problems.push(format!(
+                    "{key}.name: '{}' is used by an earlier upstream",
+                    upstream.name
+                ));
+            }
+            match upstream.base_url.parse::<http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http") | Some("https"))
+                        && uri.authority().is_some()
+                        && uri.query().is_none() => {}
+                _ => problems.push(format!(
+                    "{key}.base_url: '{}' must be an http:// or https:// URL without a query",
+                    upstream.base_url
+                )),
+            }
+            for (name, value) in &upstream.headers {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    problems.push(format!(
+                        "{key}.headers: '{name}' is not a valid header name"
+                    ));
+                }
+                if http::HeaderValue::from_str(value.expose()).is_err() {
+                    problems.push(format!("{key}.headers.{name}: not a valid header value"));
+                }
+            }
+            if upstream.models.is_empty() {
+                problems.push(format!("{key}.models: must list at least one pattern"));
+            }
+            for (field, value) in [
+                ("connect_timeout_secs", upstream.connect_timeout_secs),
+                ("first_byte_timeout_secs", upstream.first_byte_timeout_secs),
+                ("idle_timeout_secs", upstream.idle_timeout_secs),
+            ] {
+                positive_secs(&format!("{key}.{field}"), value, problems);
+            }
+        }
+        for (i, model) in self.models.iter().enumerate() {
+            let key = format!("models[{i}]");
+            if model.pattern.is_empty() {
+                problems.push(format!("{key}.match: a model glob is required"));
+            }
+            if model.max_input_tokens == Some(0) {
+                problems.push(format!("{key}.max_input_tokens: must be > 0"));
+            }
+            if let Some(cpt) = model.chars_per_token {
+                if !(cpt.is_finite() && cpt > 0.0) {
+                    problems.push(format!("{key}.chars_per_token: must be > 0"));
+                }
+            }
+        }
+        positive_secs("shutdown_grace_secs", self.shutdown_grace_secs, problems);
+        if self.limits.max_request_body_bytes == 0 {
+            problems.push("limits.max_request_body_bytes: must be > 0".into());
+        }
+        self.validate_summarization(problems);
+    }
+
+    fn validate_summarization(&self, problems: &mut Vec<String>) {
+        let s = &self.summarization;
+        let triggers = s.trigger.to_vec();
+        for (i, size) in triggers.iter().enumerate() {
+            let key = match s.trigger {
+                OneOrMany::One(_) => "summarization.trigger".to_string(),
+                OneOrMany::Many(_) => format!("summarization.trigger[{i}]"),
+            };
+            validate_size(&key, size, problems);
+        }
+        if s.enabled && triggers.is_empty() {
+            problems.push(
+                "summarization.trigger: at least one trigger is required when enabled".into(),
+            );
+        }
+        validate_size("summarization.keep", &s.keep, problems);
+        if s.trim_tokens_to_summarize == Some(0) {
+            problems.push("summarization.trim_tokens_to_summarize: must be > 0 or null".into());
+        }
+        if let Some(prompt) = &s.summary_prompt {
+            if !prompt.contains("{messages}") {
+                problems.push(
+                    "summarization.summary_prompt: must contain the {messages} placeholder".into(),
+                );
+            }
+        }
+        if s.summary_max_tokens == 0 {
+            problems.push("summarization.summary_max_tokens: must be > 0".into());
+        }
+        if let Some(headroom) = s.headroom {
+            if !(headroom > 0.0 && headroom <= 1.0) {
+                problems.push(format!(
+                    "summarization.headroom: {headroom} must be in (0, 1] or null"
+                ));
+            }
+        }
+        positive_secs("summarization.timeout_secs", s.timeout_secs, problems);
+        if let Some(name) = &s.upstream {
+            if !self.upstreams.iter().any(|u| &u.name == name) {
+                problems.push(format!(
+                    "summarization.upstream: no upstream is named '{name}'"
+                ));
+            }
+        }
+        if self.cache.max_bytes == 0 {
+            problems.push("cache.max_bytes: must be > 0".into());
+        }
+    }
+}
+
+fn validate_size(key: &str, size: &ContextSize, problems: &mut Vec<String>) {
+    match *size {
+        ContextSize::Tokens(0) => problems.push(format!("{key}: tokens must be > 0")),
+        ContextSize::Messages(0) => problems.push(format!("{key}: messages must be > 0")),
+        ContextSize::Fraction(f) if !(f > 0.0 && f <= 1.0) => {
+            problems.push(format!("{key}: fraction {f} must be in (0, 1]"))
+        }
+        _ => {}
+    }
+}
+
+fn positive_secs(key: &str, value: f64, problems: &mut Vec<String>) {
+    if !(value.is_finite() && value > 0.0) {
+        problems.push(format!("{key}: must be a positive number of seconds"));
+    }
+}
