@@ -18,6 +18,8 @@ pub struct RequestLog {
     pub status: u16,
     pub upstream: Option<String>,
     pub model: Option<String>,
+    /// The client key's name, when auth is on.
+    pub key: Option<String>,
     pub bytes_in: u64,
     pub error: Option<&'static str>,
     pub compaction: Option<crate::compaction::Outcome>,
@@ -57,16 +59,17 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
     let upstream = log.upstream.as_deref().unwrap_or("-");
     let model = log.model.as_deref().unwrap_or("-");
     let error = log.error.unwrap_or("-");
+    let key = log.key.as_deref().unwrap_or("-");
     match &log.compaction {
         None => tracing::info!(
             target: "compactor::access",
-            method = %log.method, path = %log.path, status = log.status, upstream, model,
+            method = %log.method, path = %log.path, status = log.status, upstream, model, key,
             duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
             "request"
         ),
         Some(c) => tracing::info!(
             target: "compactor::access",
-            method = %log.method, path = %log.path, status = log.status, upstream, model,
+            method = %log.method, path = %log.path, status = log.status, upstream, model, key,
             duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
             compaction = c.label(), reason = c.reason, tokens_before = c.tokens_before,
             tokens_after = c.tokens_after, messages_summarized = c.messages_summarized,

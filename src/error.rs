@@ -25,6 +25,22 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body: {0}")]
     BodyRead(String),
+    #[error("{0}")]
+    BodyTimeout(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("method {0} is not allowed")]
+    MethodNotAllowed(String),
+    #[error("transfer coding '{0}' is not supported; send the body plain or chunked")]
+    UnsupportedTransferEncoding(String),
+    #[error("a valid API key is required: pass it as Authorization: Bearer <key>")]
+    MissingKey,
+    #[error("incorrect API key provided")]
+    UnknownKey,
+    #[error("this key may not use model '{0}'")]
+    ModelNotAllowed(String),
+    #[error("compactor is at capacity ({0}); retry shortly")]
+    Overloaded(&'static str),
     #[error("no upstream is configured for model '{0}'")]
     NoUpstream(String),
     #[error("upstream '{upstream}' is unreachable: {reason}")]
@@ -42,7 +58,13 @@ impl ProxyError {
         match self {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyRead(_) | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::MissingKey | ProxyError::UnknownKey => StatusCode::UNAUTHORIZED,
+            ProxyError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoUpstream(_) => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -56,7 +78,15 @@ impl ProxyError {
             ProxyError::NotFound { .. }
             | ProxyError::BodyTooLarge { .. }
             | ProxyError::BodyRead(_)
+            | ProxyError::BodyTimeout(_)
+            | ProxyError::BadRequest(_)
+            | ProxyError::MethodNotAllowed(_)
+            | ProxyError::UnsupportedTransferEncoding(_)
+            | ProxyError::MissingKey
+            | ProxyError::UnknownKey
+            | ProxyError::ModelNotAllowed(_)
             | ProxyError::NoUpstream(_) => Fault::Client,
+            ProxyError::Overloaded(_) => Fault::Internal,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::CompactionFailed(_) => Fault::Upstream,
@@ -66,6 +96,9 @@ impl ProxyError {
 
     /// OpenAI's `error.type`.
     fn error_type(&self) -> &'static str {
+        if matches!(self, ProxyError::MissingKey | ProxyError::UnknownKey) {
+            return "invalid_request_error";
+        }
         match self.fault() {
             Fault::Client => "invalid_request_error",
             Fault::Upstream => "upstream_error",
@@ -79,6 +112,14 @@ impl ProxyError {
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
             ProxyError::BodyRead(_) => "invalid_body",
+            ProxyError::BodyTimeout(_) => "request_timeout",
+            ProxyError::BadRequest(_) => "invalid_request",
+            ProxyError::MethodNotAllowed(_) => "method_not_allowed",
+            ProxyError::UnsupportedTransferEncoding(_) => "unsupported_transfer_encoding",
+            ProxyError::MissingKey => "missing_api_key",
+            ProxyError::UnknownKey => "invalid_api_key",
+            ProxyError::ModelNotAllowed(_) => "model_not_allowed",
+            ProxyError::Overloaded(_) => "overloaded",
             ProxyError::NoUpstream(_) => "model_not_found",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -88,12 +129,30 @@ impl ProxyError {
     }
 
     pub fn into_response(self) -> Response<ProxyBody> {
-        error_response(
+        let mut response = error_response(
             self.status(),
             &self.to_string(),
             self.error_type(),
             self.code(),
-        )
+        );
+        if matches!(self, ProxyError::Overloaded(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+
+    /// The error a client's body fault is answered with.
+    pub fn from_body_fault(fault: &crate::inbound::BodyFault) -> ProxyError {
+        use crate::inbound::BodyFault;
+        match fault {
+            BodyFault::TooLarge(limit) => ProxyError::BodyTooLarge { limit: *limit },
+            BodyFault::Timeout(_) | BodyFault::TooSlow(_) => {
+                ProxyError::BodyTimeout(fault.to_string())
+            }
+            BodyFault::Invalid(reason) => ProxyError::BodyRead(reason.clone()),
+        }
     }
 }
 

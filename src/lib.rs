@@ -7,11 +7,13 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod auth;
 pub mod body;
 pub mod compaction;
 pub mod config;
 pub mod error;
 pub mod headers;
+pub mod inbound;
 pub mod notice;
 pub mod proxy;
 pub mod routing;

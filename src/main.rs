@@ -58,6 +58,9 @@ fn main() -> ExitCode {
         }
     };
     if let Some(Command::Check) = cli.command {
+        for warning in config.warnings() {
+            eprintln!("compactor: WARNING: {warning}");
+        }
         println!(
             "# {} is valid; effective configuration:",
             cli.config.display()
@@ -95,11 +98,23 @@ async fn run(config: Config) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in app.config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    let fd_limit = server::raise_fd_limit();
+    let cap = server::connection_cap(app.config.limits.max_connections, fd_limit);
+    if cap < app.config.limits.max_connections {
+        tracing::warn!(
+            fd_limit,
+            max_connections = cap,
+            "limits.max_connections lowered to fit the open-files limit"
+        );
+    }
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "listening");
+        tracing::info!(%addr, max_connections = cap, "listening");
         server::announce("compactor", addr);
     }
-    server::serve(listener, app, server::shutdown_signal()).await;
+    server::serve_with_cap(listener, app, server::shutdown_signal(), cap).await;
     ExitCode::SUCCESS
 }
 

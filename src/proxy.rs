@@ -10,15 +10,18 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::access_log::{LoggedBody, RequestLog};
+use crate::auth::{Auth, AuthFailure, ClientKey};
 use crate::body::{self, ProxyBody, UpstreamBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
+use crate::compaction::scope::Caller;
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::headers::{strip_hop_by_hop, strip_own};
+use crate::headers::{strip_hop_by_hop, strip_own, CREDENTIALS};
+use crate::inbound::{read_whole, BodyBounds, BodyFault, BufferBudget, GuardedBody, ReadError};
 use crate::routing::{forwarded_path, model_of, Upstreams};
 use crate::upstream::{Upstream, UpstreamSetupError};
 
@@ -27,6 +30,9 @@ pub struct App {
     pub config: Arc<Config>,
     pub upstreams: Arc<Upstreams>,
     pub compaction: Option<CompactionEngine>,
+    auth: Auth,
+    bounds: BodyBounds,
+    buffer_budget: BufferBudget,
     ready: AtomicBool,
 }
 
@@ -39,6 +45,9 @@ impl App {
             .enabled
             .then(|| CompactionEngine::new(config.clone(), upstreams.clone()));
         Ok(App {
+            auth: Auth::from_config(&config.auth),
+            bounds: BodyBounds::from_config(&config.limits),
+            buffer_budget: BufferBudget::new(config.limits.max_buffered_bytes),
             config,
             upstreams,
             compaction,
@@ -84,7 +93,8 @@ async fn proxy(
     if let Some(response) = local_route(app, &request) {
         return Ok(response);
     }
-    let rest = forwarded_path(&app.config.prefix, request.uri().path())
+    let path = checked_path(&request)?;
+    let rest = forwarded_path(&app.config.prefix, &path)
         .ok_or_else(|| ProxyError::NotFound {
             method: request.method().to_string(),
             path: request.uri().path().to_string(),
@@ -92,30 +102,49 @@ async fn proxy(
         .to_string();
     let query = request.uri().query().map(str::to_string);
     let (parts, incoming) = request.into_parts();
+    let key = authenticate(app, &parts.headers)?;
+    log.key = key.map(|k| k.name.clone());
     let is_chat = parts.method == Method::POST && rest == "/chat/completions";
     let compacting = is_chat && app.compaction.is_some();
 
-    let limit = app.config.limits.max_request_body_bytes;
-    if declared_length(&parts.headers).is_some_and(|len| len > limit) {
-        return Err(ProxyError::BodyTooLarge { limit });
+    let bounds = app.bounds;
+    let declared = declared_length(&parts.headers);
+    if declared.is_some_and(|len| len > bounds.max_bytes) {
+        return Err(ProxyError::BodyTooLarge {
+            limit: bounds.max_bytes,
+        });
     }
-    let inbound = if is_json_post(&parts.method, &parts.headers)
-        && (compacting || app.upstreams.routing_needs_model())
-    {
-        let bytes = read_body(incoming, limit).await?;
+    let needs_model =
+        app.upstreams.routing_needs_model() || key.is_some_and(|k| k.restricts_models());
+    let body = GuardedBody::new(incoming, bounds);
+    // Held until the upstream has answered: bounds the bytes all buffered requests pin.
+    let mut _reservation = BufferBudget::empty_reservation();
+    let inbound = if is_json_post(&parts.method, &parts.headers) && (compacting || needs_model) {
+        let (bytes, reservation) = read_whole(body, declared, &app.buffer_budget)
+            .await
+            .map_err(|e| match e {
+                ReadError::Fault(fault) => ProxyError::from_body_fault(&fault),
+                ReadError::Overloaded(_) => ProxyError::Overloaded("buffered request bytes"),
+            })?;
+        _reservation = reservation;
         log.bytes_in = bytes.len() as u64;
         Inbound::Buffered(bytes)
     } else {
-        log.bytes_in = declared_length(&parts.headers).unwrap_or(0);
-        Inbound::Streaming(incoming)
+        log.bytes_in = declared.unwrap_or(0);
+        Inbound::Streaming(body)
     };
 
-    // Skimming the model is a pass over the whole body: only paid for when routing needs it
-    // (compaction parses the body again anyway, for its own purposes).
+    // Skimming the model is a pass over the whole body: only paid for when routing or the
+    // key's model list needs it (compaction reads the body on its own terms).
     let model = match &inbound {
-        Inbound::Buffered(bytes) if app.upstreams.routing_needs_model() => model_of(bytes),
+        Inbound::Buffered(bytes) if needs_model => model_of(bytes),
         _ => None,
     };
+    if let (Some(key), Some(model)) = (key, model.as_deref()) {
+        if !key.allows_model(model) {
+            return Err(ProxyError::ModelNotAllowed(model.to_string()));
+        }
+    }
     log.model = model.clone();
     let upstream = app
         .upstreams
@@ -125,11 +154,18 @@ async fn proxy(
 
     let mut compacted = None;
     let body = match inbound {
-        Inbound::Streaming(incoming) => incoming.map_err(Into::into).boxed_unsync(),
+        Inbound::Streaming(body) => body.boxed_unsync(),
         Inbound::Buffered(bytes) => match (&app.compaction, compacting) {
             (Some(engine), true) => {
+                let caller = Caller {
+                    key: key.map(|k| k.name.as_str()),
+                    may_force: match key {
+                        Some(key) => key.allow_force,
+                        None => app.config.summarization.allow_force,
+                    },
+                };
                 let result = engine
-                    .compact(&parts.headers, bytes, &upstream.name)
+                    .compact(&parts.headers, bytes, &upstream.name, caller)
                     .await
                     .map_err(|refused| {
                         log.compaction = Some(refused.outcome);
@@ -149,6 +185,12 @@ async fn proxy(
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(result.body.len()));
         }
     }
+    if key.is_some() {
+        // The client's credential is a compactor key: it never leaves compactor.
+        for name in CREDENTIALS {
+            headers.remove(name);
+        }
+    }
     let uri = upstream
         .url_for(&rest, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
@@ -163,7 +205,64 @@ async fn proxy(
 
 enum Inbound {
     Buffered(Bytes),
-    Streaming(Incoming),
+    Streaming(GuardedBody),
+}
+
+/// The client key, when auth is on.
+fn authenticate<'a>(
+    app: &'a App,
+    headers: &HeaderMap,
+) -> Result<Option<&'a ClientKey>, ProxyError> {
+    if !app.auth.enabled() {
+        return Ok(None);
+    }
+    match app.auth.authenticate(headers) {
+        Ok(key) => Ok(Some(key)),
+        Err(AuthFailure::Missing) => Err(ProxyError::MissingKey),
+        Err(AuthFailure::Unknown) => Err(ProxyError::UnknownKey),
+    }
+}
+
+/// What is refused before routing: methods that have no business at an API gateway, more than
+/// one `Host`, transfer codings other than chunked, dot segments; `//` runs are collapsed.
+fn checked_path(request: &Request<Incoming>) -> Result<String, ProxyError> {
+    if matches!(*request.method(), Method::TRACE | Method::CONNECT) {
+        return Err(ProxyError::MethodNotAllowed(request.method().to_string()));
+    }
+    if request.headers().get_all(header::HOST).iter().count() > 1 {
+        return Err(ProxyError::BadRequest("more than one Host header".into()));
+    }
+    for coding in request.headers().get_all(header::TRANSFER_ENCODING) {
+        let coding = coding.to_str().unwrap_or("?").trim();
+        if !coding.eq_ignore_ascii_case("chunked") {
+            return Err(ProxyError::UnsupportedTransferEncoding(coding.to_string()));
+        }
+    }
+    normalized_path(request.uri().path())
+}
+
+/// `path` with `//` runs collapsed; a `.` or `..` segment, plain or percent-encoded, is an error
+/// rather than something to resolve (no client of an API sends one).
+fn normalized_path(path: &str) -> Result<String, ProxyError> {
+    let is_dot = |segment: &str| {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    };
+    if path.split('/').any(is_dot) {
+        return Err(ProxyError::BadRequest(format!(
+            "path '{path}' has a dot segment"
+        )));
+    }
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && out.ends_with('/')) {
+            out.push(c);
+        }
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Ok(out)
 }
 
 fn local_route(app: &App, request: &Request<Incoming>) -> Option<Response<ProxyBody>> {
@@ -209,18 +308,6 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Reads a body that must be inspected, bounded by `limit` even when no length was declared.
-async fn read_body(incoming: Incoming, limit: u64) -> Result<Bytes, ProxyError> {
-    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(incoming, limit_usize).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
-        }
-        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
-    }
-}
-
 async fn send(
     upstream: &Upstream,
     request: Request<ProxyBody>,
@@ -239,10 +326,15 @@ async fn send(
             })
         }
         Ok(Err(e)) => {
+            // A body the client broke, cut short or sent too slowly surfaces here while it was
+            // being streamed on: the client's fault, not the upstream's.
+            if let Some(fault) = BodyFault::in_chain(&e) {
+                return Err(ProxyError::from_body_fault(fault));
+            }
             return Err(ProxyError::UpstreamUnreachable {
                 upstream: upstream.name.clone(),
                 reason: error_chain(&e),
-            })
+            });
         }
         Ok(Ok(response)) => response,
     };
@@ -267,4 +359,31 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_collapsed_and_dot_segments_refused() {
+        assert_eq!(
+            normalized_path("/v1//chat///completions").unwrap(),
+            "/v1/chat/completions"
+        );
+        assert_eq!(normalized_path("/v1/models/").unwrap(), "/v1/models/");
+        assert_eq!(normalized_path("/").unwrap(), "/");
+        assert_eq!(normalized_path("//").unwrap(), "/");
+        for bad in [
+            "/v1/../admin",
+            "/v1/./models",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E/x",
+            "/v1/.%2e/x",
+            "/..",
+        ] {
+            assert!(normalized_path(bad).is_err(), "{bad}");
+        }
+        assert_eq!(normalized_path("/v1/a..b/.c").unwrap(), "/v1/a..b/.c");
+    }
 }

@@ -1,15 +1,24 @@
-//! The listener: HTTP/1.1 and h2c (prior knowledge) on one port, graceful shutdown.
+//! The listener: HTTP/1.1 and h2c (prior knowledge) on one port, a bound on connections, idle
+//! and slow connections reaped, graceful shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::proxy::App;
@@ -23,6 +32,27 @@ pub async fn bind(config: &Config) -> std::io::Result<TcpListener> {
     TcpListener::bind(&config.listen).await
 }
 
+/// Raises the soft open-files limit to the hard one (a default soft limit of 1024 or less would
+/// otherwise cap connections long before `limits.max_connections`); returns the limit in force.
+pub fn raise_fd_limit() -> Option<u64> {
+    rlimit::increase_nofile_limit(u64::MAX).ok()
+}
+
+/// The connection cap that fits in `fd_limit`: each client connection may hold an upstream
+/// connection too, and some descriptors stay for the listener, logs and the summarizer.
+pub fn connection_cap(configured: usize, fd_limit: Option<u64>) -> usize {
+    match fd_limit {
+        Some(limit) => configured.min((limit.saturating_sub(64) / 2).max(1) as usize),
+        None => configured,
+    }
+}
+
+/// How a connection is served: built once, shared by every connection.
+struct Serving {
+    builder: auto::Builder<TokioExecutor>,
+    idle_timeout: Duration,
+}
+
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests and
 /// streams finish for up to `shutdown_grace_secs`. Returns whether everything finished in time.
 pub async fn serve(
@@ -30,49 +60,239 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
+    let cap = connection_cap(app.config.limits.max_connections, None);
+    serve_with_cap(listener, app, shutdown, cap).await
+}
+
+/// [`serve`] with an explicit connection cap (the binary's, after [`raise_fd_limit`]).
+pub async fn serve_with_cap(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()>,
+    max_connections: usize,
+) -> bool {
+    let limits = &app.config.limits;
     let grace = Duration::from_secs_f64(app.config.shutdown_grace_secs);
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs_f64(limits.header_read_timeout_secs));
+    builder.http2().timer(TokioTimer::new());
+    let serving = Arc::new(Serving {
+        builder,
+        idle_timeout: Duration::from_secs_f64(limits.idle_connection_timeout_secs),
+    });
+    let slots = Arc::new(Semaphore::new(
+        max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let tracker = TaskTracker::new();
+    let (stop, stopping) = watch::channel(false);
+    let mut backoff = AcceptBackoff::default();
     app.set_ready(true);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
-                    Ok(accepted) => accepted,
+                let stream = match accepted {
+                    Ok((stream, _peer)) => {
+                        backoff.reset();
+                        stream
+                    }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let pause = backoff.next();
+                        tracing::warn!("accept failed, pausing {pause:?}: {e}");
+                        tokio::time::sleep(pause).await;
                         continue;
                     }
                 };
                 // Small writes (SSE frames) must leave at once, not wait for a delayed ACK.
                 let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let service = service_fn(move |request| crate::proxy::handle(app.clone(), request));
-                let connection = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!("connection ended with an error: {e}");
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let (app, serving, stopping) = (app.clone(), serving.clone(), stopping.clone());
+                        tracker.spawn(async move {
+                            serve_connection(stream, app, &serving, stopping).await;
+                            drop(slot);
+                        });
                     }
-                });
+                    Err(_) => {
+                        tracker.spawn(refuse_connection(stream, max_connections));
+                    }
+                }
             }
             () = &mut shutdown => break,
         }
     }
     app.set_ready(false);
     drop(listener);
+    let _ = stop.send(true);
+    tracker.close();
     tracing::info!("shutting down: waiting up to {grace:?} for in-flight requests");
-    match tokio::time::timeout(grace, graceful.shutdown()).await {
+    match tokio::time::timeout(grace, tracker.wait()).await {
         Ok(()) => true,
         Err(_) => {
             tracing::warn!("grace period over; closing the remaining connections");
             false
         }
+    }
+}
+
+/// Serves one connection until it ends, is idle too long, or shutdown asks it to finish.
+async fn serve_connection(
+    stream: TcpStream,
+    app: Arc<App>,
+    serving: &Serving,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let service = {
+        let activity = activity.clone();
+        service_fn(move |request| {
+            let app = app.clone();
+            let guard = activity.begin();
+            async move {
+                let response = crate::proxy::handle(app, request).await?;
+                Ok::<_, std::convert::Infallible>(response.map(|body| Tracked {
+                    body,
+                    _guard: guard,
+                }))
+            }
+        })
+    };
+    let connection = serving
+        .builder
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut finishing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!("connection ended with an error: {e}");
+                }
+                return;
+            }
+            _ = stopping.wait_for(|stop| *stop), if !finishing => {
+                connection.as_mut().graceful_shutdown();
+                finishing = true;
+            }
+            () = activity.idle_for(serving.idle_timeout), if !finishing => {
+                connection.as_mut().graceful_shutdown();
+                finishing = true;
+            }
+        }
+    }
+}
+
+/// Past the cap: a plain 503 the client can read, then the connection is closed.
+async fn refuse_connection(mut stream: TcpStream, cap: usize) {
+    let body = format!(
+        r#"{{"error":{{"message":"compactor is at its connection limit ({cap}); retry shortly","type":"server_error","code":"overloaded","param":null}}}}"#
+    );
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nx-compactor-error: overloaded\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+#[derive(Default)]
+struct AcceptBackoff(u32);
+
+impl AcceptBackoff {
+    fn next(&mut self) -> Duration {
+        self.0 = (self.0 + 1).min(8);
+        Duration::from_millis(5 << self.0).min(Duration::from_secs(1))
+    }
+    fn reset(&mut self) {
+        self.0 = 0;
+    }
+}
+
+/// Requests in flight on one connection, and when that last changed.
+struct Activity {
+    in_flight: AtomicUsize,
+    base: Instant,
+    /// Nanoseconds after `base` of the last request start or end.
+    changed_at: AtomicU64,
+}
+
+struct ActivityGuard(Arc<Activity>);
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            base: Instant::now(),
+            changed_at: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let nanos = self.base.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.changed_at.store(nanos, Ordering::Release);
+    }
+
+    fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        ActivityGuard(self.clone())
+    }
+
+    /// Resolves once no request has been in flight for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let since = self.base + Duration::from_nanos(self.changed_at.load(Ordering::Acquire));
+            let idle = self.in_flight.load(Ordering::Acquire) == 0;
+            if idle && since.elapsed() >= timeout {
+                return;
+            }
+            let wake = if idle {
+                since + timeout
+            } else {
+                Instant::now() + timeout
+            };
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is done.
+struct Tracked<B> {
+    body: B,
+    _guard: ActivityGuard,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Tracked<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -105,4 +325,30 @@ pub fn announce(name: &str, addr: SocketAddr) {
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{name} listening on http://{addr}");
     let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_fits_the_descriptor_limit() {
+        assert_eq!(connection_cap(4096, Some(1024)), 480);
+        assert_eq!(connection_cap(100, Some(1 << 20)), 100);
+        assert_eq!(connection_cap(100, None), 100);
+        assert_eq!(connection_cap(100, Some(10)), 1);
+    }
+
+    #[test]
+    fn accept_backoff_grows_to_a_second_and_resets() {
+        let mut backoff = AcceptBackoff::default();
+        let first = backoff.next();
+        let mut last = first;
+        for _ in 0..20 {
+            last = backoff.next();
+        }
+        assert!(first < last && last == Duration::from_secs(1));
+        backoff.reset();
+        assert_eq!(backoff.next(), first);
+    }
 }

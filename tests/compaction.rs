@@ -36,7 +36,7 @@ async fn stack_with(summarization: &str, summarizer_options: MockOptions) -> Sta
     }
 }
 
-const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n  timeout_secs: 10\n";
+const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n  timeout_secs: 10\n  allow_force: true\n";
 
 async fn stack() -> Stack {
     stack_with(DEFAULT_SUMMARIZATION, MockOptions::default()).await
@@ -513,7 +513,7 @@ fn random_agent_conversation(rng: &mut Rng, seed: u64) -> Vec<Value> {
 #[tokio::test]
 async fn random_tool_heavy_conversations_are_always_accepted_upstream() {
     let stack = stack_with(
-        "  trigger: [{type: messages, value: 10}, {type: tokens, value: 1500}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 2\n",
+        "  trigger: [{type: messages, value: 10}, {type: tokens, value: 1500}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 2\n  max_calls_per_minute_per_tenant: 1000\n",
         MockOptions::default(),
     )
     .await;

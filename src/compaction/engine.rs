@@ -2,6 +2,7 @@
 //! then the plan, then a cached summary or one shared summarizer run, then the splice. Whatever
 //! goes wrong, the original request is forwarded unless `fail_mode: closed` refuses it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, AUTHORIZATION};
 use http::StatusCode;
 
+use super::budget::SummarizerBudget;
 use super::cache::{CacheKey, ScopedLookup, SummaryCache};
 use super::control::{self, Control};
 use super::conversation::{Conversation, Message};
@@ -17,7 +19,7 @@ use super::failure::CompactionFailure;
 use super::offload::run_cpu;
 use super::plan::{self, CachedSummary, Decision, PlanSettings};
 use super::rewrite::{summary_message, Splice};
-use super::scope::{fingerprint, Credentials, Scope};
+use super::scope::{fingerprint, Caller, Credentials, Scope};
 use super::single_flight::SingleFlight;
 use super::structure::Layout;
 use super::summarizer::{HttpSummarizer, Summarizer, SummaryError, SummaryRequest};
@@ -40,10 +42,19 @@ type Shared = Result<Arc<CachedSummary>, CompactionFailure>;
 struct Inner {
     config: SummarizationConfig,
     settings: PlanSettings,
+    /// Client keys with triggers or a summarizer model of their own, by key name.
+    per_key: HashMap<String, KeySettings>,
     models: ModelTable,
     cache: SummaryCache,
     flights: SingleFlight<Shared>,
+    budget: SummarizerBudget,
     summarizer: Arc<dyn Summarizer>,
+}
+
+/// A client key's own compaction settings.
+struct KeySettings {
+    plan: PlanSettings,
+    model_name: Option<String>,
 }
 
 /// The body to forward and what compaction did.
@@ -100,8 +111,12 @@ struct Job {
     chunks: Vec<String>,
     previous: Option<String>,
     key: CacheKey,
+    tenant: [u8; 32],
     model: String,
     upstream: String,
+    /// Whether the client's own credential may go to the summarizer upstream: only when it
+    /// is the upstream the client addressed and the credential is not a compactor key.
+    client_credentials: bool,
     token_model: TokenModel,
     tokens_before: u64,
     cache_hit: bool,
@@ -129,13 +144,33 @@ impl CompactionEngine {
     }
 
     pub fn with_summarizer(config: &Config, summarizer: Arc<dyn Summarizer>) -> CompactionEngine {
+        let settings = PlanSettings::from_config(&config.summarization);
+        let per_key = config
+            .auth
+            .keys
+            .iter()
+            .filter(|key| key.trigger.is_some() || key.model_name.is_some())
+            .map(|key| {
+                let mut plan = settings.clone();
+                if let Some(trigger) = &key.trigger {
+                    plan.triggers = trigger.to_vec();
+                }
+                let model_name = key
+                    .model_name
+                    .clone()
+                    .or_else(|| config.summarization.model_name.clone());
+                (key.name.clone(), KeySettings { plan, model_name })
+            })
+            .collect();
         CompactionEngine {
             inner: Arc::new(Inner {
                 config: config.summarization.clone(),
-                settings: PlanSettings::from_config(&config.summarization),
+                settings,
+                per_key,
                 models: ModelTable::new(&config.models),
                 cache: SummaryCache::new(config.cache.max_bytes),
                 flights: SingleFlight::default(),
+                budget: SummarizerBudget::new(&config.summarization),
                 summarizer,
             }),
         }
@@ -145,14 +180,18 @@ impl CompactionEngine {
         self.inner.cache.len()
     }
 
-    /// Compacts one chat-completions body addressed to `upstream` (by name).
+    /// Compacts one chat-completions body from `caller` addressed to `upstream` (by name).
     pub async fn compact(
         &self,
         headers: &HeaderMap,
         body: Bytes,
         upstream: &str,
+        caller: Caller<'_>,
     ) -> Result<Compacted, CompactionRefused> {
-        let control = Control::of(headers);
+        let control = match Control::of(headers) {
+            Control::Force if !caller.may_force => Control::Auto,
+            control => control,
+        };
         if control == Control::Off {
             return Ok(Compacted::original(
                 body,
@@ -160,7 +199,10 @@ impl CompactionEngine {
             ));
         }
         let notice_mode = control::notice_mode(headers, self.inner.config.notice);
-        match self.prepare(headers, &body, upstream, control).await {
+        match self
+            .prepare(headers, &body, upstream, caller, control)
+            .await
+        {
             Some(Prepared::Forward { outcome }) => Ok(Compacted::original(body, outcome)),
             Some(Prepared::Reused {
                 body: rewritten,
@@ -184,11 +226,12 @@ impl CompactionEngine {
         headers: &HeaderMap,
         body: &Bytes,
         upstream: &str,
+        caller: Caller<'_>,
         control: Control,
     ) -> Option<Prepared> {
         let inner = self.inner.clone();
         let body = body.clone();
-        let credentials = Credentials::of(headers);
+        let credentials = Credentials::of(caller, headers);
         let upstream = upstream.to_string();
         run_cpu(body.len(), move || {
             inner.prepare(&body, &credentials, &upstream, control == Control::Force)
@@ -204,6 +247,12 @@ impl CompactionEngine {
         body: Bytes,
         notice_mode: NoticeMode,
     ) -> Result<Compacted, CompactionRefused> {
+        let cap = self.inner.config.max_summarizer_calls;
+        let calls = job.chunks.len() as u64;
+        if calls > cap {
+            let failure = CompactionFailure::TooManyCalls { calls, cap };
+            return self.failed(body, job.tokens_before, failure, CacheUse::Miss);
+        }
         let started = Instant::now();
         let summary = self.summary_for(&job, headers).await;
         let summarizer_ms = started.elapsed().as_millis() as u64;
@@ -259,13 +308,18 @@ impl CompactionEngine {
     /// The summary for a job, made once for all concurrent requests that need it, in a task
     /// that outlives any one of them and stores its result in the cache.
     async fn summary_for(&self, job: &Job, headers: &HeaderMap) -> Shared {
+        let credential = |name| {
+            job.client_credentials
+                .then(|| headers.get(name).cloned())
+                .flatten()
+        };
         let request = SummaryRequest {
             upstream: job.upstream.clone(),
             model: job.model.clone(),
             prompt: String::new(),
             max_tokens: self.inner.config.summary_max_tokens,
-            client_authorization: headers.get(AUTHORIZATION).cloned(),
-            client_api_key: headers.get(headers::API_KEY).cloned(),
+            client_authorization: credential(AUTHORIZATION),
+            client_api_key: credential(headers::API_KEY),
         };
         let inner = self.inner.clone();
         let key = job.key;
@@ -274,30 +328,44 @@ impl CompactionEngine {
         let token_model = job.token_model;
         let replaced_tokens = job.replaced_tokens;
         let (cut, excluded) = (job.layout.cut, job.layout.excluded.clone());
+        let tenant = job.tenant;
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(inner.config.timeout_secs) * chunks.len().max(1) as u32;
         let (shared, _started) = self
             .inner
             .flights
-            .join(job.flight_key(), move || async move {
-                let made = async {
-                    let text = inner.fold_chunks(&request, previous, &chunks).await?;
-                    let tokens = summary_tokens(&text, &inner.config, &token_model);
-                    if tokens >= replaced_tokens {
-                        return Err(CompactionFailure::NotSmaller);
-                    }
-                    let summary = Arc::new(CachedSummary {
-                        cut,
-                        excluded,
-                        text,
-                        tokens,
-                    });
-                    inner.cache.insert(key, summary.clone());
-                    Ok(summary)
-                };
-                match tokio::time::timeout(bound, made).await {
-                    Ok(result) => result,
-                    Err(_) => Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound))),
+            .join(job.flight_key(), move || {
+                // Admitted when the run starts: requests that join it cost nothing more.
+                let ticket = inner
+                    .budget
+                    .admit(tenant, chunks.len() as u64, Instant::now());
+                async move {
+                    let ticket = ticket?;
+                    let made = async {
+                        let text = inner.fold_chunks(&request, previous, &chunks).await?;
+                        let tokens = summary_tokens(&text, &inner.config, &token_model);
+                        if tokens >= replaced_tokens {
+                            return Err(CompactionFailure::NotSmaller);
+                        }
+                        let summary = Arc::new(CachedSummary {
+                            cut,
+                            excluded,
+                            text,
+                            tokens,
+                        });
+                        inner.cache.insert(key, summary.clone());
+                        Ok(summary)
+                    };
+                    let result = match tokio::time::timeout(bound, made).await {
+                        Ok(result) => result,
+                        Err(_) => Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound))),
+                    };
+                    // Only the summarizer's own failures count towards the breaker.
+                    let summarizer_failed = matches!(result, Err(CompactionFailure::Summarizer(_)));
+                    inner
+                        .budget
+                        .record(&ticket, !summarizer_failed, Instant::now());
+                    result
                 }
             })
             .await;
@@ -364,29 +432,32 @@ impl Inner {
                 outcome: Outcome::skipped(0, "unparsable_body"),
             };
         };
+        let key_settings = match credentials {
+            Credentials::Key(name) => self.per_key.get(name),
+            Credentials::Headers(_) => None,
+        };
+        let (settings, model_name) = match key_settings {
+            Some(own) => (&own.plan, &own.model_name),
+            None => (&self.settings, &self.config.model_name),
+        };
         let token_model = self.models.lookup(conversation.model.as_deref());
-        let model = self
-            .config
-            .model_name
+        let model = model_name
             .clone()
             .or_else(|| conversation.model.as_deref().map(str::to_string))
             .unwrap_or_default();
+        let requested_upstream = upstream;
         let upstream = self
             .config
             .upstream
             .clone()
             .unwrap_or_else(|| upstream.to_string());
+        let client_credentials =
+            matches!(credentials, Credentials::Headers(_)) && upstream == requested_upstream;
         let mut lookup = ScopedLookup::new(&self.cache, || Scope {
             tenant: credentials.tenant(),
             fingerprint: fingerprint(&self.config, &model, &upstream),
         });
-        let plan = plan::plan(
-            &conversation,
-            &self.settings,
-            &token_model,
-            force,
-            &mut lookup,
-        );
+        let plan = plan::plan(&conversation, settings, &token_model, force, &mut lookup);
         let cache_use = match (plan.cache_consulted, plan.cache_hit) {
             (false, _) => CacheUse::NotConsulted,
             (true, true) => CacheUse::Hit,
@@ -449,9 +520,12 @@ impl Inner {
                 );
                 // The chain was seeded with this request's scope: its digests are cache keys.
                 let key = chain[layout.cut];
+                let tenant = lookup.scope().tenant;
                 drop(lookup);
                 Prepared::Summarize(Box::new(Job {
                     key,
+                    tenant,
+                    client_credentials,
                     splice,
                     layout,
                     messages_summarized: to_summarize.len(),

@@ -1,5 +1,6 @@
 //! Why compaction was needed but could not be applied.
 
+use super::budget::Refusal;
 use super::summarizer::SummaryError;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -10,6 +11,12 @@ pub enum CompactionFailure {
     NotSmaller,
     #[error("the rewritten request did not validate")]
     RewriteInvalid,
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(
+        "the summary would take {calls} summarizer calls; at most {cap} are allowed per request"
+    )]
+    TooManyCalls { calls: u64, cap: u64 },
     #[error("the planning task did not complete")]
     Internal,
 }
@@ -25,6 +32,9 @@ impl CompactionFailure {
             CompactionFailure::Summarizer(SummaryError::Blank) => "summarizer_blank",
             CompactionFailure::NotSmaller => "summary_not_smaller",
             CompactionFailure::RewriteInvalid => "rewrite_invalid",
+            CompactionFailure::Refused(Refusal::Budget) => "budget",
+            CompactionFailure::TooManyCalls { .. } => "budget",
+            CompactionFailure::Refused(Refusal::CircuitOpen) => "circuit_open",
             CompactionFailure::Internal => "internal_error",
         }
     }

@@ -4,9 +4,10 @@
 //! (the summarizer's prompt), `rewrite` (the splice), `digest` (cache keys). The parts that
 //! call out or hold state: `engine` (orchestration per request), `control` (the request's
 //! control headers), `scope` (tenant and fingerprint), `offload` (CPU work off the reactor),
-//! `single_flight`, `summarizer` (the LLM call), `cache` (sticky summaries), `failure` and
+//! `single_flight`, `budget` (what the summarizer may cost), `summarizer` (the LLM call), `cache` (sticky summaries), `failure` and
 //! `outcome` (what happened).
 
+pub mod budget;
 pub mod cache;
 pub mod control;
 pub mod conversation;

@@ -8,6 +8,15 @@ use super::digest::{hash_parts, Digest};
 use crate::config::SummarizationConfig;
 use crate::headers::CREDENTIALS;
 
+/// Who sent a request, as compaction needs to know.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caller<'a> {
+    /// The client key's name when auth is on: the tenant of its summaries.
+    pub key: Option<&'a str>,
+    /// Whether `x-compactor: force` is honoured for this caller.
+    pub may_force: bool,
+}
+
 #[derive(Clone, Copy)]
 pub struct Scope {
     pub tenant: [u8; 32],
@@ -21,27 +30,37 @@ impl Scope {
     }
 }
 
-/// The headers that identify a client (cheap reference-counted copies), hashed only when the
-/// cache is consulted.
-pub struct Credentials([Option<HeaderValue>; 3]);
+/// What identifies a tenant: the client key's name when auth is on, else the credential
+/// headers the client sent (cheap reference-counted copies), hashed only when needed.
+pub enum Credentials {
+    Key(String),
+    Headers([Option<HeaderValue>; 3]),
+}
 
 impl Credentials {
-    pub fn of(headers: &HeaderMap) -> Credentials {
-        Credentials(CREDENTIALS.map(|name| headers.get(name).cloned()))
+    pub fn of(caller: Caller<'_>, headers: &HeaderMap) -> Credentials {
+        match caller.key {
+            Some(name) => Credentials::Key(name.to_string()),
+            None => Credentials::Headers(CREDENTIALS.map(|name| headers.get(name).cloned())),
+        }
     }
 
-    /// A hash of the client's credential: tenants never share summaries.
+    /// A hash of the client's identity: tenants never share summaries.
     pub fn tenant(&self) -> [u8; 32] {
-        let values = self
-            .0
-            .iter()
-            .map(|value| value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
-        hash_parts(
-            CREDENTIALS
-                .iter()
-                .map(|n| n.as_str().as_bytes())
-                .chain(values),
-        )
+        match self {
+            Credentials::Key(name) => hash_parts([b"key".as_slice(), name.as_bytes()]),
+            Credentials::Headers(values) => {
+                let values = values
+                    .iter()
+                    .map(|value| value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
+                hash_parts(
+                    CREDENTIALS
+                        .iter()
+                        .map(|n| n.as_str().as_bytes())
+                        .chain(values),
+                )
+            }
+        }
     }
 }
 

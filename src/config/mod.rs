@@ -57,6 +57,8 @@ pub struct Config {
     pub summarization: SummarizationConfig,
     /// The summary cache.
     pub cache: CacheConfig,
+    /// Client keys; when any is listed, every proxied request needs one.
+    pub auth: AuthConfig,
     /// Bounds on what one client may make compactor hold.
     pub limits: LimitsConfig,
     /// How upstream TLS certificates are checked.
@@ -217,6 +219,20 @@ pub struct SummarizationConfig {
     pub notice: NoticeMode,
     /// How an over-budget summarizer input is handled.
     pub oversize: Oversize,
+    /// Summarizer calls running at once, across all clients; past it compaction fails open.
+    pub max_concurrent_calls: u64,
+    /// Summarizer calls running at once for one tenant.
+    pub max_concurrent_calls_per_tenant: u64,
+    /// Summarizer calls one tenant may start per minute.
+    pub max_calls_per_minute_per_tenant: u64,
+    /// Summarizer calls one request may cost (`oversize: fold` makes one per chunk).
+    pub max_summarizer_calls: u64,
+    /// Consecutive summarizer failures that open the circuit breaker.
+    pub breaker_failures: u64,
+    /// How long an open breaker skips the summarizer before one probe call.
+    pub breaker_cooldown_secs: f64,
+    /// Whether `x-compactor: force` is honoured when auth is off (keys have their own flag).
+    pub allow_force: bool,
     /// Skill-read groups kept verbatim instead of summarized, newest first; 0 disables.
     pub preserve_recent_skill_count: u64,
     /// Total token budget of the rescued skill groups.
@@ -239,8 +255,70 @@ pub struct CacheConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// JSON bodies read for routing or compaction larger than this get 413.
+    /// Largest request body on any route, declared or streamed; 413 above.
     pub max_request_body_bytes: u64,
+    /// Bytes of request bodies held in memory at once (bodies read for routing or compaction),
+    /// across all clients; a request that would go over gets 503 `overloaded`.
+    pub max_buffered_bytes: u64,
+    /// HTTP/1.1: a request's headers must arrive within this, counted from when the connection
+    /// opened or its previous response ended (an idle keep-alive connection is closed after it).
+    pub header_read_timeout_secs: f64,
+    /// A request body must arrive whole within this; 408 after.
+    pub body_read_timeout_secs: f64,
+    /// After the first 5 seconds a request body must keep arriving at this average rate; 408
+    /// below it.
+    pub min_body_bytes_per_sec: u64,
+    /// Client connections held at once; past it a new connection gets a 503 and is closed.
+    pub max_connections: usize,
+    /// A connection (HTTP/2 included) with no request in flight for this long is closed.
+    pub idle_connection_timeout_secs: f64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The keys clients may present (`Authorization: Bearer`, `x-api-key` or `api-key`).
+    pub keys: Vec<ClientKeyConfig>,
+}
+
+impl AuthConfig {
+    pub fn enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+}
+
+/// One client key. Its name is the tenant of its summaries and its label in logs.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientKeyConfig {
+    /// Label in logs and the summary cache's tenant.
+    pub name: String,
+    /// The key itself (use `${VAR}`); or give `key_sha256` instead.
+    pub key: Option<Secret>,
+    /// Hex SHA-256 of the key, so the file holds no secret.
+    pub key_sha256: Option<String>,
+    /// Globs of the models this key may use.
+    pub models: Vec<String>,
+    /// Whether `x-compactor: force` is honoured for this key.
+    pub allow_force: bool,
+    /// This key's own triggers (else `summarization.trigger`).
+    pub trigger: Option<OneOrMany>,
+    /// This key's own summarizer model (else `summarization.model_name`).
+    pub model_name: Option<String>,
+}
+
+impl Default for ClientKeyConfig {
+    fn default() -> Self {
+        ClientKeyConfig {
+            name: String::new(),
+            key: None,
+            key_sha256: None,
+            models: vec!["*".into()],
+            allow_force: false,
+            trigger: None,
+            model_name: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -261,6 +339,7 @@ impl Default for Config {
             models: Vec::new(),
             summarization: SummarizationConfig::default(),
             cache: CacheConfig::default(),
+            auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),
             shutdown_grace_secs: 30.0,
@@ -300,6 +379,13 @@ impl Default for SummarizationConfig {
             fail_mode: FailMode::Open,
             notice: NoticeMode::Comment,
             oversize: Oversize::Trim,
+            max_concurrent_calls: 16,
+            max_concurrent_calls_per_tenant: 2,
+            max_calls_per_minute_per_tenant: 30,
+            max_summarizer_calls: 4,
+            breaker_failures: 5,
+            breaker_cooldown_secs: 30.0,
+            allow_force: false,
             preserve_recent_skill_count: 5,
             preserve_recent_skill_tokens: 25_000,
             preserve_recent_skill_tokens_per_skill: 5_000,
@@ -323,6 +409,12 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             max_request_body_bytes: 32 * 1024 * 1024,
+            max_buffered_bytes: 512 * 1024 * 1024,
+            header_read_timeout_secs: 15.0,
+            body_read_timeout_secs: 120.0,
+            min_body_bytes_per_sec: 4096,
+            max_connections: 4096,
+            idle_connection_timeout_secs: 60.0,
         }
     }
 }
@@ -390,6 +482,11 @@ impl Config {
             }
             for (name, value) in upstream.headers.iter_mut() {
                 expand(format!("upstreams[{i}].headers.{name}"), &mut value.0);
+            }
+        }
+        for (i, key) in self.auth.keys.iter_mut().enumerate() {
+            if let Some(secret) = key.key.as_mut() {
+                expand(format!("auth.keys[{i}].key"), &mut secret.0);
             }
         }
         let s = &mut self.summarization;

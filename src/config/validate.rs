@@ -89,10 +89,92 @@ impl Config {
             }
         }
         positive_secs("shutdown_grace_secs", self.shutdown_grace_secs, problems);
-        if self.limits.max_request_body_bytes == 0 {
-            problems.push("limits.max_request_body_bytes: must be > 0".into());
-        }
+        self.validate_limits(problems);
+        self.validate_auth(problems);
         self.validate_summarization(problems);
+    }
+
+    fn validate_limits(&self, problems: &mut Vec<String>) {
+        let l = &self.limits;
+        for (key, value) in [
+            ("max_request_body_bytes", l.max_request_body_bytes),
+            ("max_buffered_bytes", l.max_buffered_bytes),
+            ("max_connections", l.max_connections as u64),
+        ] {
+            if value == 0 {
+                problems.push(format!("limits.{key}: must be > 0"));
+            }
+        }
+        for (key, value) in [
+            ("header_read_timeout_secs", l.header_read_timeout_secs),
+            ("body_read_timeout_secs", l.body_read_timeout_secs),
+            (
+                "idle_connection_timeout_secs",
+                l.idle_connection_timeout_secs,
+            ),
+        ] {
+            positive_secs(&format!("limits.{key}"), value, problems);
+        }
+    }
+
+    fn validate_auth(&self, problems: &mut Vec<String>) {
+        let mut names = std::collections::HashSet::new();
+        for (i, key) in self.auth.keys.iter().enumerate() {
+            let at = format!("auth.keys[{i}]");
+            if key.name.is_empty() {
+                problems.push(format!("{at}.name: must not be empty"));
+            } else if !names.insert(key.name.as_str()) {
+                problems.push(format!(
+                    "{at}.name: '{}' is used by an earlier key",
+                    key.name
+                ));
+            }
+            match (&key.key, &key.key_sha256) {
+                (Some(secret), None) if secret.is_empty() => {
+                    problems.push(format!("{at}.key: must not be empty"))
+                }
+                (Some(_), None) => {}
+                (None, Some(hex))
+                    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {}
+                (None, Some(_)) => problems.push(format!(
+                    "{at}.key_sha256: must be 64 hex digits (the SHA-256 of the key)"
+                )),
+                _ => problems.push(format!(
+                    "{at}: exactly one of key and key_sha256 is required"
+                )),
+            }
+            if key.models.is_empty() {
+                problems.push(format!("{at}.models: must list at least one pattern"));
+            }
+            if let Some(trigger) = &key.trigger {
+                for (j, size) in trigger.to_vec().iter().enumerate() {
+                    validate_size(&format!("{at}.trigger[{j}]"), size, problems);
+                }
+            }
+        }
+    }
+
+    /// What is valid but unsafe: said by `compactor check` and at start-up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let loopback = self
+            .listen
+            .parse::<SocketAddr>()
+            .is_ok_and(|addr| addr.ip().is_loopback());
+        let keyed: Vec<&str> = self
+            .upstreams
+            .iter()
+            .filter(|u| u.api_key.as_ref().is_some_and(|k| !k.is_empty()))
+            .map(|u| u.name.as_str())
+            .collect();
+        if !loopback && !keyed.is_empty() && !self.auth.enabled() {
+            warnings.push(format!(
+                "listen {} is reachable beyond this machine, upstream(s) {} hold an api_key, and auth is off: anyone who reaches the port spends that key. Add auth.keys.",
+                self.listen,
+                keyed.join(", ")
+            ));
+        }
+        warnings
     }
 
     fn validate_summarization(&self, problems: &mut Vec<String>) {
@@ -132,6 +214,28 @@ impl Config {
             }
         }
         positive_secs("summarization.timeout_secs", s.timeout_secs, problems);
+        positive_secs(
+            "summarization.breaker_cooldown_secs",
+            s.breaker_cooldown_secs,
+            problems,
+        );
+        for (key, value) in [
+            ("max_concurrent_calls", s.max_concurrent_calls),
+            (
+                "max_concurrent_calls_per_tenant",
+                s.max_concurrent_calls_per_tenant,
+            ),
+            (
+                "max_calls_per_minute_per_tenant",
+                s.max_calls_per_minute_per_tenant,
+            ),
+            ("max_summarizer_calls", s.max_summarizer_calls),
+            ("breaker_failures", s.breaker_failures),
+        ] {
+            if value == 0 {
+                problems.push(format!("summarization.{key}: must be > 0"));
+            }
+        }
         if let Some(name) = &s.upstream {
             if !self.upstreams.iter().any(|u| &u.name == name) {
                 problems.push(format!(

@@ -1,0 +1,247 @@
+//! The client's request body, bounded in size, time and rate on every route, and the global
+//! budget of request bytes held in memory. A slow or oversized body ends with a [`BodyFault`],
+//! which the handler answers as the client's fault (400, 408, 413), also when it surfaces
+//! through the upstream client while the body was being streamed on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+use crate::body::BoxError;
+use crate::config::LimitsConfig;
+
+/// A body that is still arriving this long after the request began must keep up the minimum
+/// average rate.
+const RATE_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyFault {
+    #[error("request body exceeds the limit of {0} bytes")]
+    TooLarge(u64),
+    #[error("request body did not arrive within {0:?}")]
+    Timeout(Duration),
+    #[error("request body arrived slower than {0} bytes per second")]
+    TooSlow(u64),
+    #[error("invalid request body: {0}")]
+    Invalid(String),
+}
+
+impl BodyFault {
+    /// The fault in an error's source chain, if a client body caused it.
+    pub fn in_chain<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e BodyFault> {
+        let mut current = Some(error);
+        while let Some(e) = current {
+            if let Some(fault) = e.downcast_ref::<BodyFault>() {
+                return Some(fault);
+            }
+            current = e.source();
+        }
+        None
+    }
+}
+
+/// The bounds every request body is read under.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyBounds {
+    pub max_bytes: u64,
+    pub timeout: Duration,
+    pub min_bytes_per_sec: u64,
+}
+
+impl BodyBounds {
+    pub fn from_config(limits: &LimitsConfig) -> BodyBounds {
+        BodyBounds {
+            max_bytes: limits.max_request_body_bytes,
+            timeout: Duration::from_secs_f64(limits.body_read_timeout_secs),
+            min_bytes_per_sec: limits.min_body_bytes_per_sec,
+        }
+    }
+}
+
+/// The client's body with its bounds applied; each frame is passed on as it arrives.
+pub struct GuardedBody {
+    inner: Incoming,
+    bounds: BodyBounds,
+    received: u64,
+    started: Instant,
+    /// Armed only while the client makes us wait.
+    timer: Option<Pin<Box<Sleep>>>,
+    failed: bool,
+}
+
+impl GuardedBody {
+    pub fn new(inner: Incoming, bounds: BodyBounds) -> GuardedBody {
+        GuardedBody {
+            inner,
+            bounds,
+            received: 0,
+            started: Instant::now(),
+            timer: None,
+            failed: false,
+        }
+    }
+
+    /// When the body is overdue: its whole deadline, or the moment its average rate since the
+    /// grace period would fall under the minimum with no further byte.
+    fn wake_at(&self) -> Instant {
+        let whole = self.started + self.bounds.timeout;
+        if self.bounds.min_bytes_per_sec == 0 {
+            return whole;
+        }
+        let earned =
+            Duration::from_secs_f64(self.received as f64 / self.bounds.min_bytes_per_sec as f64);
+        whole.min(self.started + RATE_GRACE + earned)
+    }
+
+    fn fail(&mut self, fault: BodyFault) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.failed = true;
+        Poll::Ready(Some(Err(Box::new(fault))))
+    }
+}
+
+impl Body for GuardedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.received += data.len() as u64;
+                    if self.received > self.bounds.max_bytes {
+                        let limit = self.bounds.max_bytes;
+                        return self.fail(BodyFault::TooLarge(limit));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => self.fail(BodyFault::Invalid(e.to_string())),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                let wake_at = self.wake_at();
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake_at)));
+                if timer.deadline() != wake_at {
+                    timer.as_mut().reset(wake_at);
+                }
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let fault = if Instant::now() >= self.started + self.bounds.timeout {
+                    BodyFault::Timeout(self.bounds.timeout)
+                } else {
+                    BodyFault::TooSlow(self.bounds.min_bytes_per_sec)
+                };
+                self.fail(fault)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Bytes of request bodies held in memory at once, across every client.
+#[derive(Clone)]
+pub struct BufferBudget {
+    permits: Arc<Semaphore>,
+    /// Semaphore permits are counted in u32: one permit stands for this many bytes.
+    unit: u64,
+}
+
+/// Bytes reserved from the budget; returned when dropped.
+pub struct Reservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("compactor is holding as many request bytes as it may")]
+pub struct Overloaded;
+
+impl BufferBudget {
+    const UNIT: u64 = 1024;
+
+    pub fn new(max_bytes: u64) -> BufferBudget {
+        let units = (max_bytes / Self::UNIT).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
+        BufferBudget {
+            permits: Arc::new(Semaphore::new(units)),
+            unit: Self::UNIT,
+        }
+    }
+
+    pub fn empty_reservation() -> Reservation {
+        Reservation(None)
+    }
+
+    /// Adds room for `bytes` more to `reservation`, or fails at once when the budget is spent.
+    pub fn reserve(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), Overloaded> {
+        let units = u32::try_from(bytes.div_ceil(self.unit).max(1)).map_err(|_| Overloaded)?;
+        let permit = self
+            .permits
+            .clone()
+            .try_acquire_many_owned(units)
+            .map_err(|_| Overloaded)?;
+        match &mut reservation.0 {
+            Some(held) => held.merge(permit),
+            none => *none = Some(permit),
+        }
+        Ok(())
+    }
+}
+
+/// Reads a body that must be inspected whole, reserving its bytes from `budget` as they arrive
+/// (all at once when the length is declared).
+pub async fn read_whole(
+    mut body: GuardedBody,
+    declared: Option<u64>,
+    budget: &BufferBudget,
+) -> Result<(Bytes, Reservation), ReadError> {
+    use http_body_util::BodyExt;
+    let mut reservation = BufferBudget::empty_reservation();
+    if let Some(length) = declared {
+        budget.reserve(&mut reservation, length)?;
+    }
+    let mut reserved = declared.unwrap_or(0);
+    let mut chunks = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| match e.downcast::<BodyFault>() {
+            Ok(fault) => ReadError::Fault(*fault),
+            Err(other) => ReadError::Fault(BodyFault::Invalid(other.to_string())),
+        })?;
+        if let Ok(data) = frame.into_data() {
+            let held = (chunks.len() + data.len()) as u64;
+            if held > reserved {
+                budget.reserve(&mut reservation, held - reserved)?;
+                reserved = held;
+            }
+            chunks.extend_from_slice(&data);
+        }
+    }
+    Ok((chunks.freeze(), reservation))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Fault(#[from] BodyFault),
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
+}
