@@ -141,3 +141,70 @@ async fn sigterm_during_a_stream_lets_it_finish_then_exits_zero() {
         .expect("wait");
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn check_warns_loudly_about_a_public_port_spending_a_key_without_auth() {
+    let open = "listen: 0.0.0.0:8080\nupstreams:\n  - name: openai\n    base_url: https://api.openai.com/v1\n    api_key: sk-operator\n";
+    let output = check(open, &[]).await;
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("WARNING") && stderr.contains("auth"),
+        "{stderr}"
+    );
+    let guarded = format!("{open}auth:\n  keys:\n    - name: team\n      key: sk-team\n");
+    let output = check(&guarded, &[]).await;
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("WARNING"));
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("sk-team"));
+}
+
+/// Starts the binary under a shell that lowers the soft open-files limit first; returns the
+/// child and its address, or None when the hard limit is too low to show anything.
+async fn start_with_soft_fd_limit(
+    config: &tempfile::NamedTempFile,
+    soft: u32,
+) -> Option<(tokio::process::Child, String)> {
+    let script = format!(
+        "[ \"$(ulimit -Hn)\" = unlimited ] || [ \"$(ulimit -Hn)\" -ge 4096 ] || exit 77; ulimit -Sn {soft} && exec \"$0\" --config \"$1\""
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &script, BIN])
+        .arg(config.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sh starts");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(BOUND, stdout.next_line())
+        .await
+        .expect("announces in time")
+        .expect("reads stdout")?;
+    let addr = line.rsplit("http://").next()?.to_string();
+    Some((child, addr))
+}
+
+#[tokio::test]
+async fn the_soft_fd_limit_is_raised_so_idle_sockets_cannot_lock_clients_out() {
+    let mock = echo_mock().await;
+    let file = write_config(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n",
+        mock.base_url()
+    ));
+    let Some((_child, addr)) = start_with_soft_fd_limit(&file, 64).await else {
+        eprintln!("skipped: the hard open-files limit is below 4096 here");
+        return;
+    };
+    // More idle sockets than the soft limit the process was started with.
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connects"),
+        );
+    }
+    let url = format!("http://{addr}/v1/chat/completions");
+    let response = roundtrip(&client(), json_request(&url, chat_body("hi", false), &[])).await;
+    assert_eq!(response.status, http::StatusCode::OK);
+}

@@ -9,6 +9,7 @@
 //! - `x-mock-fault: hang | stall | reset` — never answer; stop after the first event; or break
 //!   the connection after the first event.
 //! - `x-mock-id: ID` — use this completion id (makes two replies byte-comparable).
+//! - `x-mock-response-header: NAME=VALUE` — on non-chat paths, add that response header.
 //! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
 //!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
 //!
@@ -213,6 +214,24 @@ fn gate(state: &MockState, key: &str) -> Arc<Notify> {
         .clone()
 }
 
+/// `x-mock-response-header: NAME=VALUE` asks for that header on the response (to test what a
+/// proxy lets an upstream say).
+fn add_requested_header(request: &HeaderMap, response: &mut HeaderMap) {
+    let Some((name, value)) = request
+        .get("x-mock-response-header")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once('='))
+    else {
+        return;
+    };
+    if let (Ok(name), Ok(value)) = (
+        http::HeaderName::from_bytes(name.trim().as_bytes()),
+        http::HeaderValue::from_str(value.trim()),
+    ) {
+        response.insert(name, value);
+    }
+}
+
 /// Binds `addr` and serves in the background of the current runtime.
 pub async fn start(addr: &str, options: MockOptions) -> std::io::Result<MockHandle> {
     let listener = TcpListener::bind(addr).await?;
@@ -323,6 +342,7 @@ async fn serve_request(
         response
             .headers_mut()
             .insert("x-mock-path", http::HeaderValue::from_static("other"));
+        add_requested_header(&parts.headers, response.headers_mut());
         return Ok(response);
     }
 
