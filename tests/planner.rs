@@ -629,6 +629,7 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
     let cached = CachedSummary {
         cut: layout.cut,
         excluded: layout.excluded.clone(),
+        splits: layout.splits.clone(),
         text: "S".into(),
         tokens: 20,
     };
@@ -813,7 +814,7 @@ mod properties {
             }
 
             // Planning the same request with its summary cached reuses or passes through.
-            let cached = CachedSummary { cut: layout.cut, excluded: layout.excluded.clone(), text: "S".into(), tokens: settings.summary_estimate_tokens };
+            let cached = CachedSummary { cut: layout.cut, excluded: layout.excluded.clone(), splits: layout.splits.clone(), text: "S".into(), tokens: settings.summary_estimate_tokens };
             let key = first.chain.as_ref().unwrap()[layout.cut];
             struct Exact(Digest, CachedSummary);
             impl SummaryLookup for Exact {

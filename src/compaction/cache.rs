@@ -18,7 +18,8 @@ struct SummaryWeight;
 impl Weighter<CacheKey, Arc<CachedSummary>> for SummaryWeight {
     fn weight(&self, _key: &CacheKey, value: &Arc<CachedSummary>) -> u64 {
         // Text plus a fixed allowance for the key, indices and bookkeeping.
-        (value.text.len() + value.excluded.len() * 8 + 128) as u64
+        let splits: usize = value.splits.iter().map(|s| 8 + s.calls.len() * 8).sum();
+        (value.text.len() + value.excluded.len() * 8 + splits + 128) as u64
     }
 }
 
@@ -91,6 +92,7 @@ mod tests {
         Arc::new(CachedSummary {
             cut,
             excluded: vec![],
+            splits: vec![],
             text: "s".repeat(size),
             tokens: 10,
         })

@@ -18,7 +18,7 @@ use super::digest::hash_parts;
 use super::failure::CompactionFailure;
 use super::offload::run_cpu;
 use super::plan::{self, CachedSummary, Decision, PlanSettings};
-use super::rewrite::{summary_message, Splice};
+use super::rewrite::{summary_message, RewriteError, Splice};
 use super::scope::{fingerprint, Caller, Credentials, Scope};
 use super::single_flight::SingleFlight;
 use super::structure::Layout;
@@ -126,11 +126,18 @@ impl Job {
     /// Requests sharing a prefix may still keep different messages verbatim (a newer user
     /// message after the cut, say); only identical layouts share one summary.
     fn flight_key(&self) -> [u8; 32] {
+        let splits =
+            self.layout.splits.iter().flat_map(|split| {
+                std::iter::once(split.message).chain(split.calls.iter().copied())
+            });
         let excluded: Vec<u8> = self
             .layout
             .excluded
             .iter()
-            .flat_map(|index| (*index as u64).to_le_bytes())
+            .copied()
+            .chain(std::iter::once(usize::MAX))
+            .chain(splits)
+            .flat_map(|index| (index as u64).to_le_bytes())
             .collect();
         hash_parts([self.key.as_slice(), &excluded])
     }
@@ -271,8 +278,9 @@ impl CompactionEngine {
                 return result;
             }
         };
-        let summary_json = summary_message(&summary.text, self.inner.config.summary_role);
-        let rewritten = job.splice.apply(&body, &summary_json);
+        let rewritten = job
+            .splice
+            .apply(&body, &summary.text, self.inner.config.summary_role);
         let estimate = self.inner.settings.summary_estimate_tokens;
         let tokens_after = job.layout.projected_tokens - estimate.min(job.layout.projected_tokens)
             + summary.tokens;
@@ -327,7 +335,11 @@ impl CompactionEngine {
         let previous = job.previous.clone();
         let token_model = job.token_model;
         let replaced_tokens = job.replaced_tokens;
-        let (cut, excluded) = (job.layout.cut, job.layout.excluded.clone());
+        let (cut, excluded, splits) = (
+            job.layout.cut,
+            job.layout.excluded.clone(),
+            job.layout.splits.clone(),
+        );
         let tenant = job.tenant;
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(inner.config.timeout_secs) * chunks.len().max(1) as u32;
@@ -350,6 +362,7 @@ impl CompactionEngine {
                         let summary = Arc::new(CachedSummary {
                             cut,
                             excluded,
+                            splits,
                             text,
                             tokens,
                         });
@@ -419,6 +432,19 @@ impl Inner {
         previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))
     }
 
+    fn splice(
+        &self,
+        conversation: &Conversation<'_>,
+        layout: &Layout,
+    ) -> Result<Splice, RewriteError> {
+        Splice::new(
+            conversation,
+            layout,
+            self.config.summary_role,
+            self.config.summary_placement,
+        )
+    }
+
     /// The CPU part: parse, threshold, cache lookup, plan, and for reuse the splice.
     fn prepare(
         &self,
@@ -475,12 +501,11 @@ impl Inner {
         match plan.decision {
             Decision::PassThrough { reason } => forward(OutcomeKind::Skipped, cache_use, reason),
             Decision::Reuse { layout, summary } => {
-                let Ok(splice) = Splice::new(&conversation, &layout) else {
+                let Ok(splice) = self.splice(&conversation, &layout) else {
                     return forward(OutcomeKind::Failed, CacheUse::Hit, "rewrite_invalid");
                 };
-                let json = summary_message(&summary.text, self.config.summary_role);
                 Prepared::Reused {
-                    body: splice.apply(body, &json),
+                    body: splice.apply(body, &summary.text, self.config.summary_role),
                     outcome: Outcome {
                         kind: OutcomeKind::Reused,
                         tokens_before,
@@ -505,7 +530,7 @@ impl Inner {
                 if model.is_empty() {
                     return forward(OutcomeKind::Skipped, cache_use, "no_model");
                 }
-                let Ok(splice) = Splice::new(&conversation, &layout) else {
+                let Ok(splice) = self.splice(&conversation, &layout) else {
                     return forward(OutcomeKind::Failed, cache_use, "rewrite_invalid");
                 };
                 let entries = summary_input::transcript_entries(&conversation, &to_summarize);

@@ -8,7 +8,7 @@
 use super::conversation::{Conversation, Role};
 use super::digest::{prefix_chain, Digest};
 use super::skills::{skill_bundles, SkillBundle, SkillRescue};
-use super::structure::{validate_layout, Groups, Layout};
+use super::structure::{validate_layout, Groups, Layout, Split};
 use super::tokens::TokenModel;
 use crate::config::{ContextSize, SummarizationConfig};
 
@@ -50,6 +50,8 @@ pub struct CachedSummary {
     pub cut: usize,
     /// Messages inside the summarized range kept verbatim (moved user, rescued groups), in order.
     pub excluded: Vec<usize>,
+    /// Which of `excluded` are kept only in part.
+    pub splits: Vec<Split>,
     pub text: String,
     /// Estimated tokens of the summary message.
     pub tokens: u64,
@@ -344,42 +346,35 @@ impl Analysis {
         (cut + 1..=self.max_cut).find(|&c| self.valid_cut[c])
     }
 
-    /// Moved user + rescued groups for a cut, with `floor`: groups starting before it may only
-    /// be rescued if already in `carried` (a cached summary cannot be un-summarized).
-    fn excluded_for(
-        &self,
-        settings: &PlanSettings,
-        cut: usize,
-        floor: usize,
-        carried: &[usize],
-    ) -> Vec<usize> {
-        let mut excluded: Vec<usize> = Vec::new();
-        if let Some(u) = self.latest_user.filter(|&u| u >= self.head && u < cut) {
-            if u >= floor || carried.contains(&u) {
-                excluded.push(u);
-            }
-        }
-        for bundle in self.rescued_groups(settings, cut, floor, carried) {
-            excluded.extend_from_slice(&bundle.members);
-        }
-        excluded.sort_unstable();
-        excluded.dedup();
-        excluded
+    /// The latest user message, when the cut passes it (it then moves to after the summary).
+    /// Before `floor` only if `carried` has it (a cached summary cannot be un-summarized).
+    fn moved_user(&self, cut: usize, floor: usize, carried: &[usize]) -> Vec<usize> {
+        self.latest_user
+            .filter(|&u| u >= self.head && u < cut && (u >= floor || carried.contains(&u)))
+            .into_iter()
+            .collect()
     }
 
-    /// Skill groups inside `[head, cut)` kept verbatim: newest first within the count, total and
-    /// per-skill budgets, one per distinct set of paths.
-    fn rescued_groups(
+    /// Skill groups inside `[head, cut)` kept verbatim, newest first, within the count, total
+    /// and per-skill budgets, one per distinct set of paths, and only while the compacted
+    /// request stays under `factor ×` every trigger with them: a rescue never undoes headroom.
+    /// Groups before `floor` only if `carried` has them.
+    #[allow(clippy::too_many_arguments)]
+    fn rescue(
         &self,
         settings: &PlanSettings,
         cut: usize,
         floor: usize,
         carried: &[usize],
-    ) -> Vec<&SkillBundle> {
+        mut excluded: Vec<usize>,
+        summary_tokens: u64,
+        factor: f64,
+    ) -> (Vec<usize>, Vec<Split>) {
         let skills = &settings.skills;
-        let mut chosen = Vec::new();
+        let mut splits = Vec::new();
         let mut seen_keys: Vec<&str> = Vec::new();
         let mut total = 0u64;
+        let mut count = 0u64;
         for bundle in self.skill_bundles.iter().rev() {
             if bundle.start >= cut || bundle.start < self.head {
                 continue;
@@ -387,26 +382,40 @@ impl Analysis {
             if bundle.start < floor && !carried.contains(&bundle.start) {
                 continue;
             }
-            if chosen.len() as u64 >= skills.max_count {
+            if count >= skills.max_count {
                 break;
             }
-            if seen_keys.contains(&bundle.key.as_str()) {
-                continue;
-            }
-            if bundle.tokens > skills.max_tokens_per_skill
+            if seen_keys.contains(&bundle.key.as_str())
+                || bundle.tokens > skills.max_tokens_per_skill
                 || total + bundle.tokens > skills.max_tokens
             {
                 continue;
             }
+            let mut with = excluded.clone();
+            with.extend_from_slice(&bundle.members);
+            let (tokens, messages) = self.projected(cut, &with, summary_tokens);
+            if self.over_any(tokens, messages, factor) {
+                continue;
+            }
             total += bundle.tokens;
+            count += 1;
             seen_keys.push(&bundle.key);
-            chosen.push(bundle);
+            excluded = with;
+            if let Some(calls) = &bundle.split {
+                splits.push(Split {
+                    message: bundle.start,
+                    calls: calls.clone(),
+                });
+            }
         }
-        chosen.reverse();
-        chosen
+        excluded.sort_unstable();
+        excluded.dedup();
+        splits.sort_by_key(|split| split.message);
+        (excluded, splits)
     }
 
-    /// Advances `cut` group by group until the compacted request is within headroom.
+    /// Advances `cut` group by group until the compacted request (moved user included) is
+    /// within headroom, then rescues what still fits.
     fn apply_headroom(
         &self,
         settings: &PlanSettings,
@@ -416,19 +425,29 @@ impl Analysis {
         summary_tokens: u64,
     ) -> Layout {
         loop {
-            let excluded = self.excluded_for(settings, cut, floor, carried);
-            let (tokens, messages) = self.projected(cut, &excluded, summary_tokens);
+            let moved = self.moved_user(cut, floor, carried);
+            let (tokens, messages) = self.projected(cut, &moved, summary_tokens);
             let fits = self.within_headroom(tokens, messages, settings.headroom);
             match self.next_boundary(cut) {
                 Some(next) if !fits => cut = next,
                 _ => {
+                    // Under headroom, rescues must keep it; where even the minimal tail misses
+                    // it, they may not push the request over a trigger.
+                    let factor = match settings.headroom {
+                        Some(h) if fits => h,
+                        _ => 1.0,
+                    };
+                    let (excluded, splits) =
+                        self.rescue(settings, cut, floor, carried, moved, summary_tokens, factor);
+                    let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
                     return Layout {
                         head: self.head,
                         cut,
                         excluded,
+                        splits,
                         projected_tokens: tokens,
                         headroom_unmet: !fits,
-                    }
+                    };
                 }
             }
         }
@@ -443,9 +462,7 @@ impl Analysis {
             &[],
             settings.summary_estimate_tokens,
         );
-        let to_summarize: Vec<usize> = (self.head..layout.cut)
-            .filter(|i| !layout.excluded.contains(i))
-            .collect();
+        let to_summarize = layout.summarized(self.head, |_| true);
         if to_summarize.is_empty() {
             return Decision::PassThrough {
                 reason: "nothing_to_summarize",
@@ -470,6 +487,7 @@ impl Analysis {
             head: self.head,
             cut: cached.cut,
             excluded: cached.excluded.clone(),
+            splits: cached.splits.clone(),
             projected_tokens: tokens,
             headroom_unmet,
         };
@@ -490,10 +508,10 @@ impl Analysis {
             &cached.excluded,
             settings.summary_estimate_tokens,
         );
-        let to_summarize: Vec<usize> = (self.head..layout.cut)
-            .filter(|i| !layout.excluded.contains(i))
-            .filter(|&i| i >= cached.cut || cached.excluded.contains(&i))
-            .collect();
+        let to_summarize = layout.summarized(self.head, |i| {
+            i >= cached.cut
+                || (cached.excluded.contains(&i) && !cached.splits.iter().any(|s| s.message == i))
+        });
         if to_summarize.is_empty() {
             // Nothing new can be summarized: the cached summary is as far as compaction goes.
             return Decision::Reuse {

@@ -5,8 +5,9 @@
 use std::ops::Range;
 
 use super::conversation::Conversation;
+use super::conversation::Role;
 use super::structure::{validate_layout, Layout, ValidationError};
-use crate::config::SummaryRole;
+use crate::config::{SummaryPlacement, SummaryRole};
 
 /// The text before the summary, as the reference writes it.
 pub const SUMMARY_PREFIX: &str = "Here is a summary of the conversation to date:\n\n";
@@ -23,6 +24,17 @@ pub enum RewriteError {
     Invalid(#[from] ValidationError),
     #[error("the messages array could not be located in the body")]
     NoMessagesArray,
+    #[error("message {0} cannot be split")]
+    Unsplittable(usize),
+}
+
+/// One element of the new `messages` array.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    /// A message forwarded byte for byte: its range in the original body.
+    Original(Range<usize>),
+    /// A rescued part of an assistant message, made once when the plan was made.
+    Made(String),
 }
 
 /// Where a layout's messages lie in the original body: byte ranges only, so applying a summary
@@ -33,34 +45,89 @@ pub struct Splice {
     /// The pinned head, which goes before the summary.
     head: Vec<Range<usize>>,
     /// The verbatim messages after the summary: moved user, rescued groups, the kept tail.
-    tail: Vec<Range<usize>>,
+    tail: Vec<Piece>,
+    /// The summary goes into the first tail message (a user message) instead of its own.
+    merge_into_first: bool,
 }
 
 impl Splice {
-    /// The ranges of `layout`, which the planner has already validated.
-    pub fn new(conversation: &Conversation<'_>, layout: &Layout) -> Result<Splice, RewriteError> {
+    /// The ranges of `layout`, which the planner has already validated; where the summary goes
+    /// follows `placement` for a summary of `role`.
+    pub fn new(
+        conversation: &Conversation<'_>,
+        layout: &Layout,
+        role: SummaryRole,
+        placement: SummaryPlacement,
+    ) -> Result<Splice, RewriteError> {
         if conversation.messages_span.is_empty() {
             return Err(RewriteError::NoMessagesArray);
         }
-        let range = |i: usize| conversation.message_range(i);
+        let piece = |i: usize| match layout.splits.iter().find(|s| s.message == i) {
+            Some(split) => split_copy(conversation.messages[i].raw.get(), &split.calls)
+                .map(Piece::Made)
+                .ok_or(RewriteError::Unsplittable(i)),
+            None => Ok(Piece::Original(conversation.message_range(i))),
+        };
+        let order: Vec<usize> = layout
+            .excluded
+            .iter()
+            .copied()
+            .chain(layout.cut..conversation.messages.len())
+            .collect();
+        let next_is_user = order.first().is_some_and(|&i| {
+            conversation.messages[i].role == Role::User
+                && !layout.splits.iter().any(|s| s.message == i)
+        });
+        let merge_into_first = next_is_user
+            && match placement {
+                SummaryPlacement::Separate => false,
+                SummaryPlacement::Merge => true,
+                SummaryPlacement::Auto => role == SummaryRole::User,
+            };
         Ok(Splice {
             messages_span: conversation.messages_span.clone(),
-            head: (0..layout.head).map(range).collect(),
-            tail: layout
-                .excluded
-                .iter()
-                .copied()
-                .chain(layout.cut..conversation.messages.len())
-                .map(range)
+            head: (0..layout.head)
+                .map(|i| conversation.message_range(i))
                 .collect(),
+            tail: order.into_iter().map(piece).collect::<Result<_, _>>()?,
+            merge_into_first,
         })
     }
 
-    /// The new body: `body` (the one the splice was made from) with only `messages` replaced.
-    pub fn apply(&self, body: &[u8], summary_json: &str) -> Vec<u8> {
+    /// The new body: `body` (the one the splice was made from) with only `messages` replaced and
+    /// the summary `text` placed as planned.
+    pub fn apply(&self, body: &[u8], text: &str, role: SummaryRole) -> Vec<u8> {
+        let merged = match self.tail.first() {
+            Some(Piece::Original(range)) if self.merge_into_first => {
+                std::str::from_utf8(&body[range.clone()])
+                    .ok()
+                    .and_then(|user| merged_user_message(user, text))
+            }
+            _ => None,
+        };
+        let summary_json = match &merged {
+            Some(merged) => merged.clone(),
+            None => summary_message(text, role),
+        };
+        let tail = if merged.is_some() {
+            &self.tail[1..]
+        } else {
+            &self.tail[..]
+        };
+        self.splice(body, &summary_json, tail)
+    }
+
+    fn splice(&self, body: &[u8], summary_json: &str, tail: &[Piece]) -> Vec<u8> {
         let span = &self.messages_span;
-        let pieces = self.head.iter().chain(&self.tail);
-        let array_len = pieces.clone().map(|r| r.len() + 1).sum::<usize>() + summary_json.len() + 2;
+        let tail_len: usize = tail
+            .iter()
+            .map(|piece| match piece {
+                Piece::Original(range) => range.len() + 1,
+                Piece::Made(text) => text.len() + 1,
+            })
+            .sum();
+        let head_len: usize = self.head.iter().map(|r| r.len() + 1).sum();
+        let array_len = head_len + tail_len + summary_json.len() + 2;
         let mut out = Vec::with_capacity(body.len() - span.len() + array_len);
         out.extend_from_slice(&body[..span.start]);
         out.push(b'[');
@@ -69,9 +136,12 @@ impl Splice {
             out.push(b',');
         }
         out.extend_from_slice(summary_json.as_bytes());
-        for range in &self.tail {
+        for piece in tail {
             out.push(b',');
-            out.extend_from_slice(&body[range.clone()]);
+            match piece {
+                Piece::Original(range) => out.extend_from_slice(&body[range.clone()]),
+                Piece::Made(text) => out.extend_from_slice(text.as_bytes()),
+            }
         }
         out.push(b']');
         out.extend_from_slice(&body[span.end..]);
@@ -79,12 +149,53 @@ impl Splice {
     }
 }
 
-/// Validates `layout` and splices `summary_json` in: the whole rewrite in one call.
+/// The user message with the summary in front of its content: prepended to string content,
+/// a leading text part of array content. Every other member keeps its value and place.
+fn merged_user_message(raw: &str, text: &str) -> Option<String> {
+    let mut message: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).ok()?;
+    let summary = format!("{SUMMARY_PREFIX}{text}");
+    let content = match message.get("content") {
+        Some(serde_json::Value::String(original)) => {
+            serde_json::Value::String(format!("{summary}\n\n{original}"))
+        }
+        Some(serde_json::Value::Array(parts)) => {
+            let mut merged = vec![serde_json::json!({"type": "text", "text": summary})];
+            merged.extend(parts.iter().cloned());
+            serde_json::Value::Array(merged)
+        }
+        _ => serde_json::Value::String(summary),
+    };
+    message.insert("content".into(), content);
+    serde_json::to_string(&message).ok()
+}
+
+/// A copy of an assistant message with only the tool calls at `calls` and empty content, every
+/// other member kept: the rescued part of a split (DeerFlow's rescued clone).
+fn split_copy(raw: &str, calls: &[usize]) -> Option<String> {
+    let mut message: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).ok()?;
+    let all = message.get("tool_calls")?.as_array()?.clone();
+    let kept: Vec<serde_json::Value> = calls.iter().filter_map(|&k| all.get(k).cloned()).collect();
+    if kept.len() != calls.len() {
+        return None;
+    }
+    message.insert("content".into(), serde_json::Value::String(String::new()));
+    message.insert("tool_calls".into(), serde_json::Value::Array(kept));
+    serde_json::to_string(&message).ok()
+}
+
+/// Validates `layout` and splices `summary_json` in as a message of its own: the whole
+/// rewrite in one call.
 pub fn rewrite(
     conversation: &Conversation<'_>,
     layout: &Layout,
     summary_json: &str,
 ) -> Result<Vec<u8>, RewriteError> {
     validate_layout(&conversation.messages, layout)?;
-    Ok(Splice::new(conversation, layout)?.apply(conversation.body, summary_json))
+    let splice = Splice::new(
+        conversation,
+        layout,
+        SummaryRole::User,
+        SummaryPlacement::Separate,
+    )?;
+    Ok(splice.splice(conversation.body, summary_json, &splice.tail))
 }

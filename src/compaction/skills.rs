@@ -14,12 +14,15 @@ pub struct SkillRescue {
     pub container_path: String,
 }
 
-/// A tool-call group that read skill files: rescued whole.
+/// The skill reads of one tool-call group: the assistant and the results of its skill calls.
 pub struct SkillBundle {
     pub start: usize,
-    /// The group's messages: the assistant and every result answering it.
+    /// What stays verbatim when rescued: the assistant and its skill results.
     pub members: Vec<usize>,
-    /// Tokens of the whole group (assistant and every result), which is what stays verbatim.
+    /// When the group holds other calls too: the positions of the skill calls, the only ones
+    /// the rescued copy of the assistant keeps (the rest of the group is summarized).
+    pub split: Option<Vec<usize>>,
+    /// Tokens of what stays verbatim.
     pub tokens: u64,
     /// The group's skill paths, sorted and joined: one bundle per distinct set.
     pub key: String,
@@ -49,28 +52,43 @@ pub fn skill_bundles(
         if !reads_skills {
             continue;
         }
-        let members: Vec<usize> = (start..=groups.end[start])
-            .filter(|&i| groups.start[i] == start)
+        let results: Vec<usize> = (start..=groups.end[start])
+            .filter(|&i| i != start && groups.start[i] == start)
             .collect();
-        let answered: Vec<&str> = members
-            .iter()
-            .filter_map(|&i| messages[i].tool_call_id.as_deref())
-            .collect();
-        let mut paths: Vec<String> = message
-            .tool_calls
-            .iter()
-            .filter(|call| answered.contains(&call.id.as_ref()))
-            .filter(|call| skills.tool_names.iter().any(|n| n == call.name.as_ref()))
-            .filter_map(|call| skill_path(&call.arguments(), &skills.container_path))
-            .collect();
+        let is_skill_call = |call: &&crate::compaction::conversation::ToolCall<'_>| {
+            skills.tool_names.iter().any(|n| n == call.name.as_ref())
+                && skill_path(&call.arguments(), &skills.container_path).is_some()
+        };
+        // Skill calls that got their result, with the result that answers each.
+        let mut kept_calls = Vec::new();
+        let mut members = vec![start];
+        let mut paths = Vec::new();
+        for (position, call) in message.tool_calls.iter().enumerate() {
+            if !is_skill_call(&call) {
+                continue;
+            }
+            let answer = results
+                .iter()
+                .copied()
+                .find(|&i| messages[i].tool_call_id.as_deref() == Some(call.id.as_ref()));
+            if let Some(answer) = answer {
+                kept_calls.push(position);
+                members.push(answer);
+                paths.extend(skill_path(&call.arguments(), &skills.container_path));
+            }
+        }
         if paths.is_empty() {
             continue;
         }
+        members.sort_unstable();
+        let whole =
+            kept_calls.len() == message.tool_calls.len() && members.len() == results.len() + 1;
         paths.sort();
         bundles.push(SkillBundle {
             start,
             tokens: members.iter().map(|&i| tokens[i]).sum(),
             members,
+            split: (!whole).then_some(kept_calls),
             key: paths.join("|"),
         });
     }

@@ -15,9 +15,44 @@ pub struct Layout {
     /// Messages before `cut` kept verbatim after the summary: the latest user message if the
     /// cut passed it, then rescued skill groups, in original order.
     pub excluded: Vec<usize>,
+    /// Rescued assistant messages kept only in part (their other calls are summarized).
+    pub splits: Vec<Split>,
     /// Estimated tokens of the compacted request (with the summary's estimate or real size).
     pub projected_tokens: u64,
     pub headroom_unmet: bool,
+}
+
+impl Layout {
+    /// The messages of `[head, cut)` the summary covers: those not kept verbatim, and split
+    /// messages (their other calls), where `new` says they were not covered before.
+    pub fn summarized(&self, head: usize, new: impl Fn(usize) -> bool) -> Vec<usize> {
+        (head..self.cut)
+            .filter(|i| !self.excluded.contains(i) || self.splits.iter().any(|s| s.message == *i))
+            .filter(|&i| new(i))
+            .collect()
+    }
+}
+
+/// An assistant message in `excluded` that stays verbatim only in part: a copy with just these
+/// tool calls (by position) and empty content, as DeerFlow rescues skill reads, so unrelated
+/// calls and their output are summarized instead of kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    pub message: usize,
+    pub calls: Vec<usize>,
+}
+
+impl Split {
+    /// The split message as the validator sees it: only the kept calls.
+    pub fn apply<'a>(&self, message: &Message<'a>) -> Message<'a> {
+        let mut clone = message.clone();
+        clone.tool_calls = self
+            .calls
+            .iter()
+            .filter_map(|&k| message.tool_calls.get(k).cloned())
+            .collect();
+        clone
+    }
 }
 
 /// Tool-call groups: an assistant with tool calls plus every later tool message answering one
@@ -93,10 +128,26 @@ pub enum ValidationError {
 /// Whether a layout's verbatim messages (`[pinned…, excluded…, kept…]`) form a valid list: the
 /// summary has no tool calls, so this is checked before any summarizer call is paid for.
 pub fn validate_layout(messages: &[Message<'_>], layout: &Layout) -> Result<(), ValidationError> {
+    let split_copies: Vec<(usize, Message<'_>)> = layout
+        .splits
+        .iter()
+        .filter_map(|split| {
+            messages
+                .get(split.message)
+                .map(|m| (split.message, split.apply(m)))
+        })
+        .collect();
+    let excluded = layout.excluded.iter().map(|&i| {
+        split_copies
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map(|(_, copy)| copy)
+            .unwrap_or(&messages[i])
+    });
     validate(
         messages[..layout.head]
             .iter()
-            .chain(layout.excluded.iter().map(|&i| &messages[i]))
+            .chain(excluded)
             .chain(messages[layout.cut..].iter()),
     )
 }

@@ -169,6 +169,17 @@ pub enum Oversize {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
+pub enum SummaryPlacement {
+    /// Always a message of its own.
+    Separate,
+    /// A leading text part of the user message that follows it, when one does.
+    Merge,
+    /// Merged only where a message of its own would break role alternation.
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SummaryRole {
     User,
     System,
@@ -207,6 +218,9 @@ pub struct SummarizationConfig {
     pub summary_prompt: Option<String>,
     /// Role of the injected summary message.
     pub summary_role: SummaryRole,
+    /// Where the summary goes: its own message, merged into the user message after it, or
+    /// merged only when its own message would put two user messages in a row.
+    pub summary_placement: SummaryPlacement,
     /// `max_tokens` of the summarizer call, also the summary's size estimate for headroom.
     pub summary_max_tokens: u64,
     /// After compaction the request must sit under `headroom × threshold`; null disables.
@@ -373,6 +387,7 @@ impl Default for SummarizationConfig {
             trim_tokens_to_summarize: Some(4000),
             summary_prompt: None,
             summary_role: SummaryRole::User,
+            summary_placement: SummaryPlacement::Auto,
             summary_max_tokens: 1024,
             headroom: Some(0.75),
             timeout_secs: 60.0,
