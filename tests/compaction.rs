@@ -24,7 +24,7 @@ async fn stack_with(summarization: &str, summarizer_options: MockOptions) -> Sta
     })
     .await;
     let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n{summarization}",
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n{summarization}",
         upstream.base_url(),
         summarizer.base_url()
     );

@@ -58,6 +58,8 @@ fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>
         keep,
         headroom,
         summary_estimate_tokens: 50,
+        // The reference's cases predate the span rule: any span is worth a summary here.
+        min_span_tokens: 1,
         skills: skills_off(),
     }
 }

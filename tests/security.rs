@@ -356,7 +356,7 @@ async fn compacting(extra: &str, summarizer_upstream: bool) -> Compacting {
         ""
     };
     let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n{summarizer_lines}  trigger: [{{type: messages, value: 8}}]\n  keep: {{type: messages, value: 2}}\n  timeout_secs: 10\n{extra}",
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n{summarizer_lines}  trigger: [{{type: messages, value: 8}}]\n  keep: {{type: messages, value: 2}}\n  timeout_secs: 10\n  summary_max_tokens: 32\n{extra}",
         upstream.base_url(),
         summarizer.base_url()
     );

@@ -21,6 +21,8 @@ pub struct PlanSettings {
     pub headroom: Option<f64>,
     /// Size assumed for a summary that does not exist yet (`summary_max_tokens` + framing).
     pub summary_estimate_tokens: u64,
+    /// The least a summary must cover to be worth a call: clearly more than the summary itself.
+    pub min_span_tokens: u64,
     pub skills: SkillRescue,
 }
 
@@ -32,6 +34,7 @@ impl PlanSettings {
             headroom: config.headroom,
             // The summary message's framing ("Here is a summary…", role) on top of its text.
             summary_estimate_tokens: config.summary_max_tokens + 16,
+            min_span_tokens: config.summary_max_tokens.saturating_mul(3) / 2,
             skills: SkillRescue {
                 max_count: config.preserve_recent_skill_count,
                 max_tokens: config.preserve_recent_skill_tokens,
@@ -271,7 +274,8 @@ impl Analysis {
         over_any(&self.thresholds, tokens, messages, factor)
     }
 
-    /// Whether the compacted size satisfies headroom (strictly under `headroom × threshold`).
+    /// Whether the compacted size satisfies headroom (strictly under `headroom × threshold`);
+    /// always, with headroom off (`keep` alone decides, as in the reference).
     fn within_headroom(&self, tokens: u64, messages: u64, headroom: Option<f64>) -> bool {
         match headroom {
             None => true,
@@ -425,31 +429,74 @@ impl Analysis {
         summary_tokens: u64,
     ) -> Layout {
         loop {
-            let moved = self.moved_user(cut, floor, carried);
-            let (tokens, messages) = self.projected(cut, &moved, summary_tokens);
-            let fits = self.within_headroom(tokens, messages, settings.headroom);
+            let (layout, fits) = self.layout_at(settings, cut, floor, carried, summary_tokens);
             match self.next_boundary(cut) {
                 Some(next) if !fits => cut = next,
-                _ => {
-                    // Under headroom, rescues must keep it; where even the minimal tail misses
-                    // it, they may not push the request over a trigger.
-                    let factor = match settings.headroom {
-                        Some(h) if fits => h,
-                        _ => 1.0,
-                    };
-                    let (excluded, splits) =
-                        self.rescue(settings, cut, floor, carried, moved, summary_tokens, factor);
-                    let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
-                    return Layout {
-                        head: self.head,
-                        cut,
-                        excluded,
-                        splits,
-                        projected_tokens: tokens,
-                        headroom_unmet: !fits,
-                    };
-                }
+                _ => return layout,
             }
+        }
+    }
+
+    /// The layout of one cut, and whether it is within headroom.
+    fn layout_at(
+        &self,
+        settings: &PlanSettings,
+        cut: usize,
+        floor: usize,
+        carried: &[usize],
+        summary_tokens: u64,
+    ) -> (Layout, bool) {
+        let moved = self.moved_user(cut, floor, carried);
+        let (tokens, messages) = self.projected(cut, &moved, summary_tokens);
+        let fits = self.within_headroom(tokens, messages, settings.headroom);
+        // Under headroom, rescues must keep it; where even the minimal tail misses it, they may
+        // not push the request over a trigger.
+        let factor = match settings.headroom {
+            Some(h) if fits => h,
+            _ => 1.0,
+        };
+        let (excluded, splits) =
+            self.rescue(settings, cut, floor, carried, moved, summary_tokens, factor);
+        let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
+        let layout = Layout {
+            head: self.head,
+            cut,
+            excluded,
+            splits,
+            projected_tokens: tokens,
+            headroom_unmet: !fits,
+        };
+        (layout, fits)
+    }
+
+    /// Moves the cut on, group by group, until what the summary covers (`new` says which
+    /// messages it has not covered before) is clearly larger than the summary itself: a
+    /// summary about as large as its span is paid for and thrown away. None when even the
+    /// largest cut is too small.
+    fn widen_to_span(
+        &self,
+        settings: &PlanSettings,
+        mut layout: Layout,
+        floor: usize,
+        carried: &[usize],
+        new: impl Fn(usize) -> bool,
+    ) -> Option<(Layout, Vec<usize>)> {
+        loop {
+            let to_summarize = layout.summarized(self.head, &new);
+            if !to_summarize.is_empty() && self.tokens_of(&to_summarize) >= settings.min_span_tokens
+            {
+                return Some((layout, to_summarize));
+            }
+            let next = self.next_boundary(layout.cut)?;
+            layout = self
+                .layout_at(
+                    settings,
+                    next,
+                    floor,
+                    carried,
+                    settings.summary_estimate_tokens,
+                )
+                .0;
         }
     }
 
@@ -462,12 +509,18 @@ impl Analysis {
             &[],
             settings.summary_estimate_tokens,
         );
-        let to_summarize = layout.summarized(self.head, |_| true);
-        if to_summarize.is_empty() {
+        if layout.summarized(self.head, |_| true).is_empty() {
             return Decision::PassThrough {
                 reason: "nothing_to_summarize",
             };
         }
+        let Some((layout, to_summarize)) =
+            self.widen_to_span(settings, layout, self.head, &[], |_| true)
+        else {
+            return Decision::PassThrough {
+                reason: "span_too_small",
+            };
+        };
         Decision::Summarize {
             replaced_tokens: self.tokens_of(&to_summarize),
             layout,
@@ -508,17 +561,26 @@ impl Analysis {
             &cached.excluded,
             settings.summary_estimate_tokens,
         );
-        let to_summarize = layout.summarized(self.head, |i| {
+        let new = |i: usize| {
             i >= cached.cut
                 || (cached.excluded.contains(&i) && !cached.splits.iter().any(|s| s.message == i))
-        });
-        if to_summarize.is_empty() {
+        };
+        if layout.summarized(self.head, new).is_empty() {
             // Nothing new can be summarized: the cached summary is as far as compaction goes.
             return Decision::Reuse {
                 layout: reuse_layout(true),
                 summary: cached,
             };
         }
+        let Some((layout, to_summarize)) =
+            self.widen_to_span(settings, layout, cached.cut, &cached.excluded, new)
+        else {
+            // Nothing new worth a call: the cached summary is as far as compaction goes.
+            return Decision::Reuse {
+                layout: reuse_layout(true),
+                summary: cached,
+            };
+        };
         Decision::Summarize {
             replaced_tokens: self.tokens_of(&to_summarize) + cached.tokens,
             layout,

@@ -103,6 +103,7 @@ def compacting(mock_upstream, summarizer):
           model_name: summarizer-model
           trigger: [{type: messages, value: 8}]
           keep: {type: messages, value: 2}
+          summary_max_tokens: 32
         """
     )
     process = start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
