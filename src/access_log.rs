@@ -74,6 +74,7 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
             compaction = c.label(), reason = c.reason, tokens_before = c.tokens_before,
             tokens_after = c.tokens_after, messages_summarized = c.messages_summarized,
             summarizer_ms = c.summarizer_ms.unwrap_or(0), cache = c.cache_label(),
+            coverage = c.coverage.map(|v| (v * 100.0).round() / 100.0),
             headroom_unmet = c.headroom_unmet,
             "request"
         ),

@@ -578,6 +578,7 @@ fn a_window_without_any_user_message_still_gets_a_summarizer_input() {
         &InputSettings {
             budget: Some(100),
             oversize: Oversize::Trim,
+            max_calls: 4,
             model: TokenModel::default(),
         },
     );

@@ -90,6 +90,7 @@ fuzz_target!(|data: &[u8]| {
             let input = summary_input::build(entries, None, &InputSettings {
                 budget: Some(50),
                 oversize: Oversize::Fold,
+                max_calls: 4,
                 model,
             });
             assert!(!input.chunks.is_empty());

@@ -25,6 +25,8 @@ impl Weighter<CacheKey, Arc<CachedSummary>> for SummaryWeight {
 
 pub struct SummaryCache {
     entries: Cache<CacheKey, Arc<CachedSummary>, SummaryWeight>,
+    /// Layouts whose summary came back no smaller than what it replaced: not paid for again.
+    too_large: Cache<CacheKey, ()>,
 }
 
 impl SummaryCache {
@@ -32,6 +34,7 @@ impl SummaryCache {
         let estimated_items = (max_bytes / 2048).clamp(16, 1 << 20) as usize;
         SummaryCache {
             entries: Cache::with_weighter(estimated_items, max_bytes, SummaryWeight),
+            too_large: Cache::new(estimated_items),
         }
     }
 
@@ -41,6 +44,15 @@ impl SummaryCache {
 
     pub fn insert(&self, key: CacheKey, summary: Arc<CachedSummary>) {
         self.entries.insert(key, summary);
+    }
+
+    /// Remembers that the summary for `flight` (a layout) was not worth using.
+    pub fn remember_too_large(&self, flight: CacheKey) {
+        self.too_large.insert(flight, ());
+    }
+
+    pub fn known_too_large(&self, flight: &CacheKey) -> bool {
+        self.too_large.get(flight).is_some()
     }
 
     pub fn len(&self) -> usize {

@@ -36,6 +36,12 @@ pub struct CompactionEngine {
     inner: Arc<Inner>,
 }
 
+/// The prompt's own words and the previous summary's framing, besides the transcript.
+const PROMPT_ALLOWANCE_TOKENS: u64 = 1024;
+const MIN_CALL_BUDGET_TOKENS: u64 = 1024;
+/// A summarizer model with no `models` entry: a call that fits a 32k window.
+const UNKNOWN_WINDOW_CALL_BUDGET_TOKENS: u64 = 24_000;
+
 /// What every request waiting on one summarizer run gets.
 type Shared = Result<Arc<CachedSummary>, CompactionFailure>;
 
@@ -110,6 +116,8 @@ struct Job {
     replaced_tokens: u64,
     chunks: Vec<String>,
     previous: Option<String>,
+    /// The share of the evicted tokens the summarizer sees.
+    coverage: f64,
     key: CacheKey,
     tenant: [u8; 32],
     model: String,
@@ -260,6 +268,10 @@ impl CompactionEngine {
             let failure = CompactionFailure::TooManyCalls { calls, cap };
             return self.failed(body, job.tokens_before, failure, CacheUse::Miss);
         }
+        if self.inner.cache.known_too_large(&job.flight_key()) {
+            let outcome = Outcome::skipped(job.tokens_before, "summary_known_too_large");
+            return Ok(Compacted::original(body, outcome));
+        }
         let started = Instant::now();
         let summary = self.summary_for(&job, headers).await;
         let summarizer_ms = started.elapsed().as_millis() as u64;
@@ -290,6 +302,7 @@ impl CompactionEngine {
             tokens_after,
             messages_summarized: job.messages_summarized,
             summarizer_ms: Some(summarizer_ms),
+            coverage: Some(job.coverage),
             cache: cache_use,
             headroom_unmet: job.layout.headroom_unmet,
             reason: if job.previous.is_some() {
@@ -341,12 +354,13 @@ impl CompactionEngine {
             job.layout.splits.clone(),
         );
         let tenant = job.tenant;
+        let flight = job.flight_key();
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(inner.config.timeout_secs) * chunks.len().max(1) as u32;
         let (shared, _started) = self
             .inner
             .flights
-            .join(job.flight_key(), move || {
+            .join(flight, move || {
                 // Admitted when the run starts: requests that join it cost nothing more.
                 let ticket = inner
                     .budget
@@ -432,6 +446,22 @@ impl Inner {
         previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))
     }
 
+    /// Input tokens one summarizer call may take: `trim_tokens_to_summarize` when set, else as
+    /// much as the summarizer model's window holds besides the prompt and the summary, else a
+    /// size every current model's window holds.
+    fn call_budget(&self, summarizer_model: &str) -> Option<u64> {
+        if let Some(budget) = self.config.trim_tokens_to_summarize {
+            return Some(budget);
+        }
+        let window = self.models.lookup(Some(summarizer_model)).max_input_tokens;
+        Some(match window {
+            Some(window) => window
+                .saturating_sub(self.config.summary_max_tokens + PROMPT_ALLOWANCE_TOKENS)
+                .max(MIN_CALL_BUDGET_TOKENS),
+            None => UNKNOWN_WINDOW_CALL_BUDGET_TOKENS,
+        })
+    }
+
     fn splice(
         &self,
         conversation: &Conversation<'_>,
@@ -512,6 +542,7 @@ impl Inner {
                         tokens_after: layout.projected_tokens,
                         messages_summarized: 0,
                         summarizer_ms: None,
+                        coverage: None,
                         cache: CacheUse::Hit,
                         headroom_unmet: layout.headroom_unmet,
                         reason: "sticky",
@@ -538,8 +569,9 @@ impl Inner {
                     entries,
                     previous.as_ref().map(|p| p.text.as_str()),
                     &InputSettings {
-                        budget: self.config.trim_tokens_to_summarize,
+                        budget: self.call_budget(&model),
                         oversize: self.config.oversize,
+                        max_calls: self.config.max_summarizer_calls,
                         model: token_model,
                     },
                 );
@@ -555,6 +587,7 @@ impl Inner {
                     layout,
                     messages_summarized: to_summarize.len(),
                     replaced_tokens,
+                    coverage: input.coverage(),
                     chunks: input.chunks,
                     previous: input.previous,
                     model,

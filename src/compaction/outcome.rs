@@ -30,6 +30,8 @@ pub struct Outcome {
     pub tokens_after: u64,
     pub messages_summarized: usize,
     pub summarizer_ms: Option<u64>,
+    /// Summarized: the share of the evicted tokens the summarizer saw.
+    pub coverage: Option<f64>,
     pub cache: CacheUse,
     pub headroom_unmet: bool,
     /// Why compaction was skipped or failed, as a short label for logs.
@@ -44,6 +46,7 @@ impl Outcome {
             tokens_after: tokens,
             messages_summarized: 0,
             summarizer_ms: None,
+            coverage: None,
             cache: CacheUse::NotConsulted,
             headroom_unmet: false,
             reason,

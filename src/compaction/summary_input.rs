@@ -30,9 +30,11 @@ Output only the summary.";
 
 #[derive(Debug, Clone)]
 pub struct InputSettings {
-    /// Token budget of one summarizer input (`trim_tokens_to_summarize`); None: unbounded.
+    /// Token budget of one summarizer input; None: unbounded.
     pub budget: Option<u64>,
     pub oversize: Oversize,
+    /// Calls one summary may take (`oversize: fold` makes one per chunk).
+    pub max_calls: u64,
     pub model: TokenModel,
 }
 
@@ -42,6 +44,20 @@ pub struct InputSettings {
 pub struct SummaryInput {
     pub chunks: Vec<String>,
     pub previous: Option<String>,
+    /// Tokens of the messages to summarize, and how many of them the chunks show.
+    pub evicted_tokens: u64,
+    pub covered_tokens: u64,
+}
+
+impl SummaryInput {
+    /// The share of the evicted tokens the summarizer sees.
+    pub fn coverage(&self) -> f64 {
+        if self.evicted_tokens == 0 {
+            1.0
+        } else {
+            (self.covered_tokens as f64 / self.evicted_tokens as f64).min(1.0)
+        }
+    }
 }
 
 /// One framed block per message: `<msg-TAG role="…" …>`, the content, `</msg-TAG>`. The tag
@@ -100,10 +116,13 @@ pub fn build(
     settings: &InputSettings,
 ) -> SummaryInput {
     let model = &settings.model;
+    let evicted_tokens = entries.iter().map(|e| text_tokens(e, model)).sum();
     let Some(budget) = settings.budget else {
         return SummaryInput {
             chunks: vec![entries.join("\n\n")],
             previous: previous.map(str::to_string),
+            evicted_tokens,
+            covered_tokens: evicted_tokens,
         };
     };
     let budget = budget.max(8);
@@ -116,9 +135,39 @@ pub fn build(
     let room = budget.saturating_sub(previous_tokens).max(budget / 2);
     let chunks = match settings.oversize {
         Oversize::Trim => vec![trim_entries(&entries, room, model)],
-        Oversize::Fold => fold_chunks(&entries, room, model),
+        Oversize::Fold => bounded_fold(&entries, room, settings.max_calls.max(1), model),
     };
-    SummaryInput { chunks, previous }
+    let covered_tokens = chunks
+        .iter()
+        .map(|c| text_tokens(c, model))
+        .sum::<u64>()
+        .min(evicted_tokens);
+    SummaryInput {
+        chunks,
+        previous,
+        evicted_tokens,
+        covered_tokens,
+    }
+}
+
+/// At most `max_calls` chunks of at most `room` tokens each: all of the entries when they fit,
+/// else as much as fits of the oldest quarter and the newest three quarters.
+fn bounded_fold(entries: &[String], room: u64, max_calls: u64, model: &TokenModel) -> Vec<String> {
+    let total: u64 = entries.iter().map(|e| text_tokens(e, model)).sum();
+    let mut target = room.saturating_mul(max_calls);
+    // Packing whole entries wastes the end of each chunk: aim lower until the chunks fit the cap.
+    for _ in 0..12 {
+        let chunks = if total <= target {
+            fold_chunks(entries, room, model)
+        } else {
+            fold_chunks(&trim_entry_list(entries, target, model), room, model)
+        };
+        if chunks.len() as u64 <= max_calls {
+            return chunks;
+        }
+        target = target / 10 * 8;
+    }
+    vec![trim_entries(entries, room, model)]
 }
 
 /// The full prompt for one call: the template with `{messages}` replaced by the fenced
@@ -160,9 +209,15 @@ fn text_tokens(text: &str, model: &TokenModel) -> u64 {
 /// Keeps entries from both ends: a quarter of the budget for the oldest (the session's intent),
 /// the rest for the newest (the latest context). Never empty.
 fn trim_entries(entries: &[String], budget: u64, model: &TokenModel) -> String {
+    trim_entry_list(entries, budget, model).join("\n\n")
+}
+
+/// [`trim_entries`] before joining: the kept entries, with an omission mark between the two
+/// ends.
+fn trim_entry_list(entries: &[String], budget: u64, model: &TokenModel) -> Vec<String> {
     let total: u64 = entries.iter().map(|e| text_tokens(e, model)).sum();
     if total <= budget {
-        return entries.join("\n\n");
+        return entries.to_vec();
     }
     let head_budget = (budget / 4).max(1);
     let tail_budget = budget.saturating_sub(head_budget).max(1);
@@ -214,7 +269,7 @@ fn trim_entries(entries: &[String], budget: u64, model: &TokenModel) -> String {
         parts.push(Cow::Owned(format!("[… {omitted} messages omitted …]")));
     }
     parts.extend(tail);
-    parts.join("\n\n")
+    parts.into_iter().map(Cow::into_owned).collect()
 }
 
 /// Consecutive chunks of entries, each within `budget`; an entry larger than the budget is cut
@@ -495,6 +550,7 @@ mod tests {
         InputSettings {
             budget,
             oversize,
+            max_calls: 1000,
             model: TokenModel::default(),
         }
     }
@@ -582,6 +638,34 @@ mod tests {
             &settings(Some(1), Oversize::Trim),
         );
         assert!(!tiny.chunks[0].is_empty());
+    }
+
+    #[test]
+    fn a_bounded_fold_stays_within_its_calls_and_reports_coverage() {
+        let entries: Vec<String> = (0..200)
+            .map(|i| format!("User: part {i} {}", "z".repeat(400)))
+            .collect();
+        let capped = InputSettings {
+            max_calls: 4,
+            ..settings(Some(2000), Oversize::Fold)
+        };
+        let input = build(entries.clone(), None, &capped);
+        assert!(input.chunks.len() <= 4, "{} chunks", input.chunks.len());
+        // Four calls of 2 000 tokens see most of what four calls can hold of ~21 000.
+        assert!(
+            input.coverage() > 0.3 && input.coverage() < 0.4,
+            "{}",
+            input.coverage()
+        );
+        assert!(input.chunks[0].contains("part 0 "));
+        assert!(input.chunks.last().unwrap().contains("part 199 "));
+        let roomy = InputSettings {
+            max_calls: 4,
+            ..settings(Some(30_000), Oversize::Fold)
+        };
+        let all = build(entries, None, &roomy);
+        assert!(all.chunks.len() <= 4);
+        assert!(all.coverage() >= 0.99, "{}", all.coverage());
     }
 
     #[test]

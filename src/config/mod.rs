@@ -212,7 +212,8 @@ pub struct SummarizationConfig {
     pub trigger: OneOrMany,
     /// How much recent conversation is kept verbatim.
     pub keep: ContextSize,
-    /// Token budget of the summarizer's input; null means no bound.
+    /// Input tokens of one summarizer call; null: as many as the summarizer model's window
+    /// holds (from `models`; 24 000 when it has no entry).
     pub trim_tokens_to_summarize: Option<u64>,
     /// Custom prompt; must contain `{messages}`.
     pub summary_prompt: Option<String>,
@@ -239,7 +240,7 @@ pub struct SummarizationConfig {
     pub max_concurrent_calls_per_tenant: u64,
     /// Summarizer calls one tenant may start per minute.
     pub max_calls_per_minute_per_tenant: u64,
-    /// Summarizer calls one request may cost (`oversize: fold` makes one per chunk).
+    /// Summarizer calls one request may cost: `oversize: fold` makes one per chunk, up to this.
     pub max_summarizer_calls: u64,
     /// Consecutive summarizer failures that open the circuit breaker.
     pub breaker_failures: u64,
@@ -384,7 +385,7 @@ impl Default for SummarizationConfig {
             upstream: None,
             trigger: OneOrMany::Many(vec![ContextSize::Tokens(60_000)]),
             keep: ContextSize::Messages(20),
-            trim_tokens_to_summarize: Some(4000),
+            trim_tokens_to_summarize: None,
             summary_prompt: None,
             summary_role: SummaryRole::User,
             summary_placement: SummaryPlacement::Auto,
@@ -393,7 +394,7 @@ impl Default for SummarizationConfig {
             timeout_secs: 60.0,
             fail_mode: FailMode::Open,
             notice: NoticeMode::Comment,
-            oversize: Oversize::Trim,
+            oversize: Oversize::Fold,
             max_concurrent_calls: 16,
             max_concurrent_calls_per_tenant: 2,
             max_calls_per_minute_per_tenant: 30,
@@ -541,7 +542,7 @@ mod tests {
         assert_eq!(config.upstreams[0].models, vec!["*".to_string()]);
         assert_eq!(config.limits.max_request_body_bytes, 32 * 1024 * 1024);
         assert!(!config.summarization.enabled);
-        assert_eq!(config.summarization.trim_tokens_to_summarize, Some(4000));
+        assert_eq!(config.summarization.trim_tokens_to_summarize, None);
         assert_eq!(config.summarization.headroom, Some(0.75));
     }
 
