@@ -770,9 +770,11 @@ mod properties {
                 (10u64..1500).prop_map(ContextSize::Tokens)
             ],
             prop_oneof![Just(None), Just(Some(0.75)), Just(Some(0.5))],
+            prop_oneof![Just(1u64), 1u64..300],
         )
-            .prop_map(|(trigger, keep, headroom)| PlanSettings {
+            .prop_map(|(trigger, keep, headroom, min_span_tokens)| PlanSettings {
                 summary_estimate_tokens: 30,
+                min_span_tokens,
                 ..settings(vec![trigger], keep, headroom)
             })
     }
@@ -789,6 +791,14 @@ mod properties {
             let Decision::Summarize { layout, to_summarize, .. } = &first.decision else {
                 return Ok(());
             };
+            // No call for a span not worth it.
+            let model = TokenModel::default();
+            let span: u64 = to_summarize.iter().map(|&i| conversation.messages[i].tokens(&model)).sum();
+            prop_assert!(span >= settings.min_span_tokens, "span {} < {}", span, settings.min_span_tokens);
+            // A compaction that met headroom is under it, rescues included, so under every trigger.
+            if let (Some(h), false, ContextSize::Tokens(t)) = (settings.headroom, layout.headroom_unmet, settings.triggers[0]) {
+                prop_assert!((layout.projected_tokens as f64) < h * t as f64, "{} tokens after, trigger {}", layout.projected_tokens, t);
+            }
             let out = rewrite(&conversation, layout, &summary_message("S", SummaryRole::User));
             prop_assert!(out.is_ok(), "{:?}", out);
             let out: Value = serde_json::from_slice(&out.unwrap()).unwrap();

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use http::StatusCode;
-use mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
+use mock_upstream::{MockFault, MockHandle};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -336,35 +336,16 @@ async fn an_upstream_cannot_speak_with_compactors_voice() {
     assert!(!response.headers.contains_key("x-compactor-error"));
 }
 
-/// compactor in front of an echo upstream and a summarizer upstream (no key of its own).
-struct Compacting {
-    upstream: MockHandle,
-    summarizer: MockHandle,
-    proxy: Proxy,
-}
-
 async fn compacting(extra: &str, summarizer_upstream: bool) -> Compacting {
-    let upstream = echo_mock().await;
-    let summarizer = mock(MockOptions {
-        mode: MockMode::Summarizer,
-        ..MockOptions::default()
-    })
-    .await;
     let summarizer_lines = if summarizer_upstream {
         "  upstream: summarizer\n  model_name: summarizer-model\n"
     } else {
         ""
     };
-    let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n{summarizer_lines}  trigger: [{{type: messages, value: 8}}]\n  keep: {{type: messages, value: 2}}\n  timeout_secs: 10\n  summary_max_tokens: 32\n{extra}",
-        upstream.base_url(),
-        summarizer.base_url()
-    );
-    Compacting {
-        proxy: proxy(&yaml).await,
-        upstream,
-        summarizer,
-    }
+    compacting_with(&format!(
+        "{summarizer_lines}  trigger: [{{type: messages, value: 8}}]\n  keep: {{type: messages, value: 2}}\n  timeout_secs: 10\n  summary_max_tokens: 32\n{extra}"
+    ))
+    .await
 }
 
 fn long_conversation(tag: &str) -> Vec<Value> {
@@ -377,22 +358,6 @@ fn long_conversation(tag: &str) -> Vec<Value> {
     }
     messages.push(json!({"role": "user", "content": format!("{tag} latest")}));
     messages
-}
-
-async fn send_chat(proxy: &Proxy, messages: &[Value], headers: &[(&str, &str)]) -> Collected {
-    let body = json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
-    roundtrip(
-        &client(),
-        json_request(&proxy.url("/v1/chat/completions"), body, headers),
-    )
-    .await
-}
-
-fn outcome(response: &Collected) -> String {
-    response.headers["x-compactor-compaction"]
-        .to_str()
-        .unwrap()
-        .to_string()
 }
 
 #[tokio::test]

@@ -371,6 +371,7 @@ impl CompactionEngine {
                         let text = inner.fold_chunks(&request, previous, &chunks).await?;
                         let tokens = summary_tokens(&text, &inner.config, &token_model);
                         if tokens >= replaced_tokens {
+                            inner.cache.remember_too_large(flight);
                             return Err(CompactionFailure::NotSmaller);
                         }
                         let summary = Arc::new(CachedSummary {

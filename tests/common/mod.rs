@@ -197,3 +197,53 @@ pub async fn dead_address() -> SocketAddr {
         .expect("bind");
     listener.local_addr().expect("addr")
 }
+
+/// compactor in front of an echo upstream (`mock`) and a summarizer upstream (`summarizer`,
+/// serving `summarizer-*`, no key of its own).
+pub struct Compacting {
+    pub upstream: MockHandle,
+    pub summarizer: MockHandle,
+    pub proxy: Proxy,
+}
+
+/// [`Compacting`] with `summarization` lines (indented two spaces) after `enabled: true`.
+pub async fn compacting_with(summarization: &str) -> Compacting {
+    let upstream = echo_mock().await;
+    let summarizer = mock(MockOptions {
+        mode: mock_upstream::MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n{summarization}",
+        upstream.base_url(),
+        summarizer.base_url()
+    );
+    Compacting {
+        proxy: proxy(&yaml).await,
+        upstream,
+        summarizer,
+    }
+}
+
+/// A chat completion with these messages, through the proxy.
+pub async fn send_chat(
+    proxy: &Proxy,
+    messages: &[serde_json::Value],
+    headers: &[(&str, &str)],
+) -> Collected {
+    let body = serde_json::json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
+    roundtrip(
+        &client(),
+        json_request(&proxy.url("/v1/chat/completions"), body, headers),
+    )
+    .await
+}
+
+/// The `x-compactor-compaction` header.
+pub fn outcome(response: &Collected) -> String {
+    response.headers["x-compactor-compaction"]
+        .to_str()
+        .unwrap_or_default()
+        .to_string()
+}
