@@ -483,14 +483,19 @@ impl<'a> Message<'a> {
     }
 }
 
+/// One part of an array `content`, its members raw.
 #[derive(Deserialize)]
-struct PartView<'a> {
+pub(crate) struct PartView<'a> {
     #[serde(borrow, rename = "type", default)]
-    kind: Option<Cow<'a, str>>,
+    pub kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    text: Option<&'a RawValue>,
+    pub text: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    refusal: Option<&'a RawValue>,
+    pub refusal: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub image_url: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub file: Option<&'a RawValue>,
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.

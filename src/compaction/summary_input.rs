@@ -5,10 +5,9 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::conversation::{Conversation, Message};
+use super::conversation::{Conversation, Message, PartView};
 use super::tokens::{is_wide, CharCount, TokenModel};
 use crate::config::Oversize;
 
@@ -376,20 +375,6 @@ fn take_suffix<'t>(text: &'t str, budget: u64, model: &TokenModel) -> &'t str {
     text
 }
 
-#[derive(Deserialize)]
-struct Part<'a> {
-    #[serde(borrow, rename = "type", default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    text: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    refusal: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    image_url: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    file: Option<&'a RawValue>,
-}
-
 /// A message's text, its tool calls, base64 payloads replaced by placeholders.
 fn message_body(message: &Message<'_>) -> String {
     let mut body = content_text(message);
@@ -414,7 +399,7 @@ fn content_text(message: &Message<'_>) -> String {
             out.push_str(&text);
             continue;
         }
-        let parts: Vec<Part<'_>> = serde_json::from_str(raw.get()).unwrap_or_default();
+        let parts: Vec<PartView<'_>> = serde_json::from_str(raw.get()).unwrap_or_default();
         for part in parts {
             if !out.is_empty() {
                 out.push('\n');
