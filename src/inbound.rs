@@ -165,8 +165,6 @@ impl Body for GuardedBody {
 #[derive(Clone)]
 pub struct BufferBudget {
     permits: Arc<Semaphore>,
-    /// Semaphore permits are counted in u32: one permit stands for this many bytes.
-    unit: u64,
 }
 
 /// Bytes reserved from the budget; returned when dropped.
@@ -177,13 +175,13 @@ pub struct Reservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 pub struct Overloaded;
 
 impl BufferBudget {
+    /// Semaphore permits are counted in u32: one permit stands for this many bytes.
     const UNIT: u64 = 1024;
 
     pub fn new(max_bytes: u64) -> BufferBudget {
         let units = (max_bytes / Self::UNIT).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         BufferBudget {
             permits: Arc::new(Semaphore::new(units)),
-            unit: Self::UNIT,
         }
     }
 
@@ -193,7 +191,7 @@ impl BufferBudget {
 
     /// Adds room for `bytes` more to `reservation`, or fails at once when the budget is spent.
     pub fn reserve(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), Overloaded> {
-        let units = u32::try_from(bytes.div_ceil(self.unit).max(1)).map_err(|_| Overloaded)?;
+        let units = u32::try_from(bytes.div_ceil(Self::UNIT).max(1)).map_err(|_| Overloaded)?;
         let permit = self
             .permits
             .clone()

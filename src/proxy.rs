@@ -117,22 +117,22 @@ async fn proxy(
     let needs_model =
         app.upstreams.routing_needs_model() || key.is_some_and(|k| k.restricts_models());
     let body = GuardedBody::new(incoming, bounds);
-    // Held until the upstream has answered: bounds the bytes all buffered requests pin.
-    let mut _reservation = BufferBudget::empty_reservation();
-    let inbound = if is_json_post(&parts.method, &parts.headers) && (compacting || needs_model) {
-        let (bytes, reservation) = read_whole(body, declared, &app.buffer_budget)
-            .await
-            .map_err(|e| match e {
-                ReadError::Fault(fault) => ProxyError::from_body_fault(&fault),
-                ReadError::Overloaded(_) => ProxyError::Overloaded("buffered request bytes"),
-            })?;
-        _reservation = reservation;
-        log.bytes_in = bytes.len() as u64;
-        Inbound::Buffered(bytes)
-    } else {
-        log.bytes_in = declared.unwrap_or(0);
-        Inbound::Streaming(body)
-    };
+    // The reservation is held until the upstream has answered: it bounds the bytes all
+    // buffered requests pin.
+    let (inbound, _reservation) =
+        if is_json_post(&parts.method, &parts.headers) && (compacting || needs_model) {
+            let (bytes, reservation) = read_whole(body, declared, &app.buffer_budget)
+                .await
+                .map_err(|e| match e {
+                    ReadError::Fault(fault) => ProxyError::from_body_fault(&fault),
+                    ReadError::Overloaded(_) => ProxyError::Overloaded("buffered request bytes"),
+                })?;
+            log.bytes_in = bytes.len() as u64;
+            (Inbound::Buffered(bytes), reservation)
+        } else {
+            log.bytes_in = declared.unwrap_or(0);
+            (Inbound::Streaming(body), BufferBudget::empty_reservation())
+        };
 
     // Skimming the model is a pass over the whole body: only paid for when routing or the
     // key's model list needs it (compaction reads the body on its own terms).

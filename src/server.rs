@@ -60,7 +60,7 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
-    let cap = connection_cap(app.config.limits.max_connections, None);
+    let cap = app.config.limits.max_connections;
     serve_with_cap(listener, app, shutdown, cap).await
 }
 

@@ -268,12 +268,13 @@ impl CompactionEngine {
             let failure = CompactionFailure::TooManyCalls { calls, cap };
             return self.failed(body, job.tokens_before, failure, CacheUse::Miss);
         }
-        if self.inner.cache.known_too_large(&job.flight_key()) {
+        let flight = job.flight_key();
+        if self.inner.cache.known_too_large(&flight) {
             let outcome = Outcome::skipped(job.tokens_before, "summary_known_too_large");
             return Ok(Compacted::original(body, outcome));
         }
         let started = Instant::now();
-        let summary = self.summary_for(&job, headers).await;
+        let summary = self.summary_for(&job, flight, headers).await;
         let summarizer_ms = started.elapsed().as_millis() as u64;
         let cache_use = if job.cache_hit {
             CacheUse::Hit
@@ -328,7 +329,7 @@ impl CompactionEngine {
 
     /// The summary for a job, made once for all concurrent requests that need it, in a task
     /// that outlives any one of them and stores its result in the cache.
-    async fn summary_for(&self, job: &Job, headers: &HeaderMap) -> Shared {
+    async fn summary_for(&self, job: &Job, flight: [u8; 32], headers: &HeaderMap) -> Shared {
         let credential = |name| {
             job.client_credentials
                 .then(|| headers.get(name).cloned())
@@ -354,7 +355,6 @@ impl CompactionEngine {
             job.layout.splits.clone(),
         );
         let tenant = job.tenant;
-        let flight = job.flight_key();
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(inner.config.timeout_secs) * chunks.len().max(1) as u32;
         let (shared, _started) = self

@@ -379,6 +379,8 @@ impl Analysis {
         let mut seen_keys: Vec<&str> = Vec::new();
         let mut total = 0u64;
         let mut count = 0u64;
+        // A bundle adds its members' tokens and count to the projection, nothing else.
+        let (mut tokens, mut messages) = self.projected(cut, &excluded, summary_tokens);
         for bundle in self.skill_bundles.iter().rev() {
             if bundle.start >= cut || bundle.start < self.head {
                 continue;
@@ -395,16 +397,16 @@ impl Analysis {
             {
                 continue;
             }
-            let mut with = excluded.clone();
-            with.extend_from_slice(&bundle.members);
-            let (tokens, messages) = self.projected(cut, &with, summary_tokens);
-            if self.over_any(tokens, messages, factor) {
+            let with_tokens = tokens + bundle.tokens;
+            let with_messages = messages + bundle.members.len() as u64;
+            if self.over_any(with_tokens, with_messages, factor) {
                 continue;
             }
+            (tokens, messages) = (with_tokens, with_messages);
             total += bundle.tokens;
             count += 1;
             seen_keys.push(&bundle.key);
-            excluded = with;
+            excluded.extend_from_slice(&bundle.members);
             if let Some(calls) = &bundle.split {
                 splits.push(Split {
                     message: bundle.start,
