@@ -5,9 +5,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use compactor::config::Config;
+use compactor::config::{Config, RuntimeMode};
 use compactor::proxy::App;
-use compactor::server;
+use compactor::server::{self, ConnectionSlots};
+use tracing_appender::non_blocking::{ErrorCounter, WorkerGuard};
 
 // glibc malloc/free were about a sixth of the proxy's CPU under load; mimalloc's thread-local
 // free lists suit the many short-lived buffers of a request.
@@ -68,9 +69,24 @@ fn main() -> ExitCode {
         print!("{}", config.redacted_yaml());
         return ExitCode::SUCCESS;
     }
-    init_logging(cli.log_format);
+    let (_log_writer, dropped_lines) = init_logging(cli.log_format);
+    server::install_crypto_provider();
+    let code = match config.runtime.mode {
+        RuntimeMode::PerCore => run_per_core(config),
+        RuntimeMode::Shared => run_shared(config),
+    };
+    let dropped = dropped_lines.dropped_lines();
+    if dropped > 0 {
+        eprintln!("compactor: {dropped} log lines were dropped because stderr could not keep up");
+    }
+    code
+}
+
+/// One work-stealing runtime on every core, one listener.
+fn run_shared(config: Config) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .worker_threads(config.runtime.worker_count())
         .build()
     {
         Ok(runtime) => runtime,
@@ -79,25 +95,107 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(config))
+    runtime.block_on(async move {
+        let listener = match server::bind(&config).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                eprintln!("compactor: cannot listen on {}: {e}", config.listen);
+                return ExitCode::FAILURE;
+            }
+        };
+        let app = match App::new(config) {
+            Ok(app) => Arc::new(app),
+            Err(e) => {
+                eprintln!("compactor: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let slots = start_up(&app, listener.local_addr().ok(), 1);
+        server::serve_on(listener, app, server::shutdown_signal(), slots).await;
+        ExitCode::SUCCESS
+    })
 }
 
-async fn run(config: Config) -> ExitCode {
-    server::install_crypto_provider();
-    let listener = match server::bind(&config).await {
-        Ok(listener) => listener,
+/// One single-threaded runtime per core, each with its own `SO_REUSEPORT` listener and upstream
+/// pools: a request never changes threads, and no two cores contend for one accept queue.
+fn run_per_core(config: Config) -> ExitCode {
+    let workers = config.runtime.worker_count();
+    let listeners = match server::bind_reuseport(&config.listen, workers) {
+        Ok(listeners) => listeners,
         Err(e) => {
             eprintln!("compactor: cannot listen on {}: {e}", config.listen);
             return ExitCode::FAILURE;
         }
     };
     let app = match App::new(config) {
-        Ok(app) => Arc::new(app),
+        Ok(app) => app,
         Err(e) => {
             eprintln!("compactor: {e}");
             return ExitCode::from(2);
         }
     };
+    let addr = listeners.first().and_then(|l| l.local_addr().ok());
+    let slots = start_up(&app, addr, workers);
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut threads = Vec::with_capacity(workers);
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let worker_app = match app.for_worker() {
+            Ok(worker_app) => Arc::new(worker_app),
+            Err(e) => {
+                eprintln!("compactor: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let (slots, mut stopping) = (slots.clone(), stopping.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("compactor-worker-{index}"))
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    let shutdown = async move {
+                        let _ = stopping.wait_for(|stop| *stop).await;
+                    };
+                    Ok(server::serve_on(listener, worker_app, shutdown, slots).await)
+                })
+            });
+        match thread {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                eprintln!("compactor: cannot start worker thread {index}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // The signal is awaited on a runtime of its own so no worker carries it.
+    let signals = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match signals {
+        Ok(runtime) => runtime.block_on(server::shutdown_signal()),
+        Err(e) => eprintln!("compactor: cannot wait for signals: {e}"),
+    }
+    let _ = stop.send(true);
+    let mut code = ExitCode::SUCCESS;
+    for thread in threads {
+        match thread.join() {
+            Ok(Ok(_finished_in_time)) => {}
+            Ok(Err(e)) => {
+                let e: std::io::Error = e;
+                eprintln!("compactor: a worker failed: {e}");
+                code = ExitCode::FAILURE;
+            }
+            Err(_) => code = ExitCode::FAILURE,
+        }
+    }
+    code
+}
+
+/// Start-up shared by both modes: warnings, the descriptor limit, the connection cap, and the
+/// line scripts wait for.
+fn start_up(app: &App, addr: Option<std::net::SocketAddr>, workers: usize) -> ConnectionSlots {
     for warning in app.config.warnings() {
         tracing::warn!("{warning}");
     }
@@ -110,23 +208,34 @@ async fn run(config: Config) -> ExitCode {
             "limits.max_connections lowered to fit the open-files limit"
         );
     }
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, max_connections = cap, "listening");
+    if let Some(addr) = addr {
+        tracing::info!(%addr, max_connections = cap, workers, "listening");
         server::announce("compactor", addr);
     }
-    server::serve_with_cap(listener, app, server::shutdown_signal(), cap).await;
-    ExitCode::SUCCESS
+    ConnectionSlots::new(cap)
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs go through a bounded, non-blocking writer: a slow stderr drops (and counts) lines
+/// instead of stalling the thread that serves requests.
+fn init_logging(format: LogFormat) -> (WorkerGuard, ErrorCounter) {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_BUFFER_LINES)
+        .thread_name("compactor-log")
+        .finish(std::io::stderr());
+    let dropped = writer.error_counter();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    (guard, dropped)
 }
+
+/// Lines the log writer holds before it drops: a few seconds of a busy proxy's access log.
+const LOG_BUFFER_LINES: usize = 65_536;

@@ -25,15 +25,16 @@ use crate::inbound::{read_whole, BodyBounds, BodyFault, BufferBudget, GuardedBod
 use crate::routing::{forwarded_path, model_of, Upstreams};
 use crate::upstream::{Upstream, UpstreamSetupError};
 
-/// Everything a request needs, built once at start-up.
+/// Everything a request needs. Built once at start-up; each per-core worker gets its own copy
+/// via [`App::for_worker`], which shares everything but the upstream connection pools.
 pub struct App {
     pub config: Arc<Config>,
     pub upstreams: Arc<Upstreams>,
     pub compaction: Option<CompactionEngine>,
-    auth: Auth,
+    auth: Arc<Auth>,
     bounds: BodyBounds,
     buffer_budget: BufferBudget,
-    ready: AtomicBool,
+    ready: Arc<AtomicBool>,
 }
 
 impl App {
@@ -45,13 +46,28 @@ impl App {
             .enabled
             .then(|| CompactionEngine::new(config.clone(), upstreams.clone()));
         Ok(App {
-            auth: Auth::from_config(&config.auth),
+            auth: Arc::new(Auth::from_config(&config.auth)),
             bounds: BodyBounds::from_config(&config.limits),
             buffer_budget: BufferBudget::new(config.limits.max_buffered_bytes),
             config,
             upstreams,
             compaction,
-            ready: AtomicBool::new(false),
+            ready: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// A copy for one worker thread: its own upstream connection pools (a connection lives on
+    /// the runtime that opened it, so no request hops threads), the rest shared — compaction
+    /// engine and cache, keys, the buffer budget, readiness.
+    pub fn for_worker(&self) -> Result<App, UpstreamSetupError> {
+        Ok(App {
+            config: self.config.clone(),
+            upstreams: Arc::new(Upstreams::from_config(&self.config)?),
+            compaction: self.compaction.clone(),
+            auth: self.auth.clone(),
+            bounds: self.bounds,
+            buffer_budget: self.buffer_budget.clone(),
+            ready: self.ready.clone(),
         })
     }
 

@@ -53,6 +53,23 @@ struct Serving {
     idle_timeout: Duration,
 }
 
+/// Client connections at once, shared by every worker: past the cap a connection is refused.
+#[derive(Clone)]
+pub struct ConnectionSlots {
+    semaphore: Arc<Semaphore>,
+    cap: usize,
+}
+
+impl ConnectionSlots {
+    pub fn new(cap: usize) -> ConnectionSlots {
+        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
+        ConnectionSlots {
+            semaphore: Arc::new(Semaphore::new(cap)),
+            cap,
+        }
+    }
+}
+
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests and
 /// streams finish for up to `shutdown_grace_secs`. Returns whether everything finished in time.
 pub async fn serve(
@@ -60,16 +77,16 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
-    let cap = app.config.limits.max_connections;
-    serve_with_cap(listener, app, shutdown, cap).await
+    let slots = ConnectionSlots::new(app.config.limits.max_connections);
+    serve_on(listener, app, shutdown, slots).await
 }
 
-/// [`serve`] with an explicit connection cap (the binary's, after [`raise_fd_limit`]).
-pub async fn serve_with_cap(
+/// [`serve`] with connection slots that other listeners (the other workers) may share.
+pub async fn serve_on(
     listener: TcpListener,
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
-    max_connections: usize,
+    slots: ConnectionSlots,
 ) -> bool {
     let limits = &app.config.limits;
     let grace = Duration::from_secs_f64(app.config.shutdown_grace_secs);
@@ -83,9 +100,6 @@ pub async fn serve_with_cap(
         builder,
         idle_timeout: Duration::from_secs_f64(limits.idle_connection_timeout_secs),
     });
-    let slots = Arc::new(Semaphore::new(
-        max_connections.clamp(1, Semaphore::MAX_PERMITS),
-    ));
     let tracker = TaskTracker::new();
     let (stop, stopping) = watch::channel(false);
     let mut backoff = AcceptBackoff::default();
@@ -109,7 +123,7 @@ pub async fn serve_with_cap(
                 };
                 // Small writes (SSE frames) must leave at once, not wait for a delayed ACK.
                 let _ = stream.set_nodelay(true);
-                match slots.clone().try_acquire_owned() {
+                match slots.semaphore.clone().try_acquire_owned() {
                     Ok(slot) => {
                         let (app, serving, stopping) = (app.clone(), serving.clone(), stopping.clone());
                         tracker.spawn(async move {
@@ -118,7 +132,7 @@ pub async fn serve_with_cap(
                         });
                     }
                     Err(_) => {
-                        tracker.spawn(refuse_connection(stream, max_connections));
+                        tracker.spawn(refuse_connection(stream, slots.cap));
                     }
                 }
             }
@@ -137,6 +151,30 @@ pub async fn serve_with_cap(
             false
         }
     }
+}
+
+/// `count` listening sockets on one address, each with `SO_REUSEPORT` so the kernel spreads new
+/// connections over them; with port 0 the first picks the port and the others share it.
+pub fn bind_reuseport(listen: &str, count: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::net::ToSocketAddrs;
+    let mut addr = listen.to_socket_addrs()?.next().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")
+    })?;
+    let mut listeners = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        #[cfg(unix)]
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        let listener: std::net::TcpListener = socket.into();
+        addr = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
 }
 
 /// Serves one connection until it ends, is idle too long, or shutdown asks it to finish.

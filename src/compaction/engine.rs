@@ -16,11 +16,12 @@ use super::control::{self, Control};
 use super::conversation::{Conversation, Message};
 use super::digest::hash_parts;
 use super::failure::CompactionFailure;
-use super::offload::run_cpu;
+use super::offload::{CpuPool, Offloaded};
 use super::plan::{self, CachedSummary, Decision, PlanSettings};
 use super::rewrite::{summary_message, RewriteError, Splice};
 use super::scope::{fingerprint, Caller, Credentials, Scope};
 use super::single_flight::SingleFlight;
+use super::size_bound::{provably_under, ModelBounds};
 use super::structure::Layout;
 use super::summarizer::{HttpSummarizer, Summarizer, SummaryError, SummaryRequest};
 use super::summary_input::{self, InputSettings};
@@ -51,10 +52,12 @@ struct Inner {
     /// Client keys with triggers or a summarizer model of their own, by key name.
     per_key: HashMap<String, KeySettings>,
     models: ModelTable,
+    model_bounds: ModelBounds,
     cache: SummaryCache,
     flights: SingleFlight<Shared>,
     budget: SummarizerBudget,
     summarizer: Arc<dyn Summarizer>,
+    planner: CpuPool,
 }
 
 /// A client key's own compaction settings.
@@ -183,10 +186,12 @@ impl CompactionEngine {
                 settings,
                 per_key,
                 models: ModelTable::new(&config.models),
+                model_bounds: ModelBounds::of(&ModelTable::new(&config.models)),
                 cache: SummaryCache::new(config.cache.max_bytes),
                 flights: SingleFlight::default(),
                 budget: SummarizerBudget::new(&config.summarization),
                 summarizer,
+                planner: CpuPool::new(config.runtime.planner_thread_count()),
             }),
         }
     }
@@ -210,16 +215,25 @@ impl CompactionEngine {
         if control == Control::Off {
             return Ok(Compacted::original(
                 body,
-                Outcome::skipped(0, "disabled_by_header"),
+                Outcome::uncounted("disabled_by_header"),
             ));
+        }
+        if control != Control::Force {
+            let settings = self.inner.settings_for(caller.key).0;
+            if provably_under(&body, settings, &self.inner.model_bounds) {
+                let outcome = Outcome::uncounted("under_trigger_by_size");
+                return Ok(Compacted::original(body, outcome));
+            }
         }
         let notice_mode = control::notice_mode(headers, self.inner.config.notice);
         match self
             .prepare(headers, &body, upstream, caller, control)
             .await
         {
-            Some(Prepared::Forward { outcome }) => Ok(Compacted::original(body, outcome)),
-            Some(Prepared::Reused {
+            Offloaded::Done(Prepared::Forward { outcome }) => {
+                Ok(Compacted::original(body, outcome))
+            }
+            Offloaded::Done(Prepared::Reused {
                 body: rewritten,
                 outcome,
             }) => Ok(Compacted {
@@ -228,10 +242,13 @@ impl CompactionEngine {
                 outcome,
                 notice: None,
             }),
-            Some(Prepared::Summarize(job)) => {
+            Offloaded::Done(Prepared::Summarize(job)) => {
                 self.summarize(*job, headers, body, notice_mode).await
             }
-            None => self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted),
+            Offloaded::Busy => Ok(Compacted::original(body, Outcome::uncounted("busy"))),
+            Offloaded::Lost => {
+                self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted)
+            }
         }
     }
 
@@ -243,15 +260,17 @@ impl CompactionEngine {
         upstream: &str,
         caller: Caller<'_>,
         control: Control,
-    ) -> Option<Prepared> {
+    ) -> Offloaded<Prepared> {
         let inner = self.inner.clone();
         let body = body.clone();
         let credentials = Credentials::of(caller, headers);
         let upstream = upstream.to_string();
-        run_cpu(body.len(), move || {
-            inner.prepare(&body, &credentials, &upstream, control == Control::Force)
-        })
-        .await
+        self.inner
+            .planner
+            .run(body.len(), move || {
+                inner.prepare(&body, &credentials, &upstream, control == Control::Force)
+            })
+            .await
     }
 
     /// Gets the summary (shared with concurrent requests) and splices it in.
@@ -311,6 +330,7 @@ impl CompactionEngine {
             } else {
                 "fresh"
             },
+            counted: true,
         };
         let message = format!(
             "Compacted {} earlier messages into a summary (about {} → {} tokens).",
@@ -422,6 +442,14 @@ impl CompactionEngine {
 }
 
 impl Inner {
+    /// The plan settings and summarizer model for a caller: its key's own, else the defaults.
+    fn settings_for(&self, key: Option<&str>) -> (&PlanSettings, &Option<String>) {
+        match key.and_then(|name| self.per_key.get(name)) {
+            Some(own) => (&own.plan, &own.model_name),
+            None => (&self.settings, &self.config.model_name),
+        }
+    }
+
     /// Summarizes the chunks in order, each folded into the next; one chunk is one call.
     async fn fold_chunks(
         &self,
@@ -489,14 +517,11 @@ impl Inner {
                 outcome: Outcome::skipped(0, "unparsable_body"),
             };
         };
-        let key_settings = match credentials {
-            Credentials::Key(name) => self.per_key.get(name),
+        let key = match credentials {
+            Credentials::Key(name) => Some(name.as_str()),
             Credentials::Headers(_) => None,
         };
-        let (settings, model_name) = match key_settings {
-            Some(own) => (&own.plan, &own.model_name),
-            None => (&self.settings, &self.config.model_name),
-        };
+        let (settings, model_name) = self.settings_for(key);
         let token_model = self.models.lookup(conversation.model.as_deref());
         let model = model_name
             .clone()
@@ -547,6 +572,7 @@ impl Inner {
                         cache: CacheUse::Hit,
                         headroom_unmet: layout.headroom_unmet,
                         reason: "sticky",
+                        counted: true,
                     },
                 }
             }

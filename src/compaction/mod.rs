@@ -1,6 +1,6 @@
 //! Compaction. The pure planner: `conversation` (the request as a borrowed view, read in one
 //! pass), `tokens` (the estimate), `structure` (tool-call groups, valid cuts, the validator),
-//! `skills` (skill reads worth keeping), `plan` (what to summarize and keep), `summary_input`
+//! `skills` (skill reads worth keeping), `plan` (what to summarize and keep), `size_bound` (under every trigger, from the byte length), `summary_input`
 //! (the summarizer's prompt), `rewrite` (the splice), `digest` (cache keys). The parts that
 //! call out or hold state: `engine` (orchestration per request), `control` (the request's
 //! control headers), `scope` (tenant and fingerprint), `offload` (CPU work off the reactor),
@@ -20,6 +20,7 @@ pub mod plan;
 pub mod rewrite;
 pub mod scope;
 pub mod single_flight;
+pub mod size_bound;
 pub mod skills;
 pub mod structure;
 pub mod summarizer;

@@ -36,6 +36,9 @@ pub struct Outcome {
     pub headroom_unmet: bool,
     /// Why compaction was skipped or failed, as a short label for logs.
     pub reason: &'static str,
+    /// Whether the tokens were counted: a request skipped before its body was read (switched
+    /// off, planner busy, under every trigger by its size alone) has no count to report.
+    pub counted: bool,
 }
 
 impl Outcome {
@@ -50,7 +53,22 @@ impl Outcome {
             cache: CacheUse::NotConsulted,
             headroom_unmet: false,
             reason,
+            counted: true,
         }
+    }
+
+    /// Skipped without counting the request's tokens.
+    pub fn uncounted(reason: &'static str) -> Outcome {
+        Outcome {
+            counted: false,
+            ..Outcome::skipped(0, reason)
+        }
+    }
+
+    /// The token estimates, when they were counted.
+    pub fn token_counts(&self) -> Option<(u64, u64)> {
+        self.counted
+            .then_some((self.tokens_before, self.tokens_after))
     }
 
     pub fn label(&self) -> &'static str {
@@ -72,10 +90,9 @@ impl Outcome {
 
     pub fn write_headers(&self, headers: &mut HeaderMap) {
         headers.insert(headers::COMPACTION, HeaderValue::from_static(self.label()));
-        headers.insert(
-            headers::TOKENS_BEFORE,
-            HeaderValue::from(self.tokens_before),
-        );
-        headers.insert(headers::TOKENS_AFTER, HeaderValue::from(self.tokens_after));
+        if let Some((before, after)) = self.token_counts() {
+            headers.insert(headers::TOKENS_BEFORE, HeaderValue::from(before));
+            headers.insert(headers::TOKENS_AFTER, HeaderValue::from(after));
+        }
     }
 }

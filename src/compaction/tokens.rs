@@ -47,6 +47,21 @@ impl ModelTable {
         }
     }
 
+    /// Every model `lookup` can return, at its most expensive: the builtins, and each entry
+    /// with the lower built-in chars-per-token where it sets none.
+    pub fn every_model(&self) -> Vec<TokenModel> {
+        let builtins = [DEFAULT_CHARS_PER_TOKEN, CLAUDE_CHARS_PER_TOKEN].map(|cpt| TokenModel {
+            chars_per_token: cpt,
+            ..TokenModel::default()
+        });
+        let entries = self.entries.iter().map(|(_, entry)| TokenModel {
+            chars_per_token: entry.chars_per_token.unwrap_or(CLAUDE_CHARS_PER_TOKEN),
+            image_tokens: entry.image_tokens.unwrap_or(DEFAULT_IMAGE_TOKENS),
+            max_input_tokens: entry.max_input_tokens,
+        });
+        builtins.into_iter().chain(entries).collect()
+    }
+
     pub fn lookup(&self, model: Option<&str>) -> TokenModel {
         let model = model.unwrap_or("");
         let builtin_cpt = if model.starts_with("claude") {

@@ -65,6 +65,44 @@ pub struct Config {
     pub tls: TlsConfig,
     /// How long in-flight requests and streams may run after SIGINT/SIGTERM.
     pub shutdown_grace_secs: f64,
+    /// How requests are spread over the cores.
+    pub runtime: RuntimeConfig,
+}
+
+/// How the proxy's threads serve connections.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// `per_core`: one single-threaded worker per core, each with its own listening socket
+    /// (`SO_REUSEPORT`) and its own upstream connections; `shared`: one work-stealing runtime.
+    pub mode: RuntimeMode,
+    /// Worker threads; null: one per core.
+    pub workers: Option<usize>,
+    /// Compaction planning of large bodies runs on this many threads at most (null: one per
+    /// core); a request that finds them all busy is forwarded as is (reason `busy`).
+    pub planner_threads: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeMode {
+    PerCore,
+    Shared,
+}
+
+impl RuntimeConfig {
+    /// Worker threads to start: the configured count, else the cores available.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(available_cores).max(1)
+    }
+
+    pub fn planner_thread_count(&self) -> usize {
+        self.planner_threads.unwrap_or_else(available_cores).max(1)
+    }
+}
+
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -345,6 +383,16 @@ pub struct TlsConfig {
 
 // Every default, in one place.
 
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            mode: RuntimeMode::PerCore,
+            workers: None,
+            planner_threads: None,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -358,6 +406,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),
             shutdown_grace_secs: 30.0,
+            runtime: RuntimeConfig::default(),
         }
     }
 }

@@ -106,6 +106,16 @@ impl Config {
             }
         }
         for (key, value) in [
+            ("workers", self.runtime.workers),
+            ("planner_threads", self.runtime.planner_threads),
+        ] {
+            if value == Some(0) {
+                problems.push(format!(
+                    "runtime.{key}: must be > 0 (or null: one per core)"
+                ));
+            }
+        }
+        for (key, value) in [
             ("header_read_timeout_secs", l.header_read_timeout_secs),
             ("body_read_timeout_secs", l.body_read_timeout_secs),
             (
