@@ -1,12 +1,13 @@
 //! The planner alone, on generated agent conversations of 10 KB, 1 MB and 10 MB:
-//! the under-trigger check (parse + count) and the full plan + rewrite.
+//! the under-trigger check (the size bound alone, and parse + count) and the full plan + rewrite.
 
 use std::hint::black_box;
 
 use compactor::compaction::conversation::Conversation;
 use compactor::compaction::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::rewrite::{rewrite, summary_message};
-use compactor::compaction::tokens::TokenModel;
+use compactor::compaction::size_bound::{provably_under, ModelBounds};
+use compactor::compaction::tokens::{ModelTable, TokenModel};
 use compactor::config::{ContextSize, SummarizationConfig, SummaryRole};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
@@ -72,6 +73,14 @@ fn benches(c: &mut Criterion) {
                         Conversation::parse(black_box(body.as_bytes())).expect("parses");
                     black_box(over_trigger(&conversation, &under, &model))
                 })
+            },
+        );
+        let bounds = ModelBounds::of(&ModelTable::default());
+        group.bench_with_input(
+            BenchmarkId::new("under_trigger_size_bound", label),
+            &body,
+            |b, body| {
+                b.iter(|| black_box(provably_under(black_box(body.as_bytes()), &under, &bounds)))
             },
         );
         let over = settings(ContextSize::Messages(10));

@@ -78,26 +78,32 @@ summarization:
   trigger: [{type: tokens, value: 100000}]
   keep: {type: messages, value: 20}
 YAML
-export RUST_LOG=warn
+# The shipped log level (info: one access line per request), written to a file as a service would.
+unset RUST_LOG
+sed 's/^listen: .*/&\nruntime: {mode: shared}/' "$work/pass.yaml" > "$work/pass-shared.yaml"
 compactor=$(start compactor "$bin/compactor" --config "$work/pass.yaml")
+compactor_shared=$(start compactor_shared "$bin/compactor" --config "$work/pass-shared.yaml")
 reuse=$(start compactor_reuse "$bin/compactor" --config "$work/reuse.yaml")
 # A third, fresh instance for memory, so the 1 MB scenarios do not set its high-water mark.
 memory=$(start compactor_memory "$bin/compactor" --config "$work/pass.yaml")
 memory_pid=$(cat "$work/compactor_memory.pid")
 
-nginx=""
-if [ -n "$nginx_bin" ]; then
+# nginx as users run it: a keep-alive reverse proxy with its default access log on. Two peers:
+# worker_processes = the core count, and 1; the report compares against whichever is faster.
+start_nginx() { # workers -> host:port on stdout, or nothing
+  local workers=$1 port dir
   port=$(free_port)
-  mkdir -p "$work/nginx"
-  cat > "$work/nginx.conf" <<NGINX
-worker_processes auto;
-pid $work/nginx.pid;
-error_log $work/nginx/error.log warn;
+  dir="$work/nginx-$workers"
+  mkdir -p "$dir"
+  cat > "$dir/nginx.conf" <<NGINX
+worker_processes $workers;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
 events { worker_connections 4096; }
 http {
-  access_log off;
-  client_body_temp_path $work/nginx;
-  proxy_temp_path $work/nginx;
+  access_log $dir/access.log;
+  client_body_temp_path $dir;
+  proxy_temp_path $dir;
   client_max_body_size 64m;
   client_body_buffer_size 2m;
   upstream mock { server $mock; keepalive 256; }
@@ -113,9 +119,19 @@ http {
   }
 }
 NGINX
-  "$nginx_bin" -c "$work/nginx.conf" -p "$work/nginx" -g 'daemon on;' 2>"$work/nginx/start.log" && nginx="127.0.0.1:$port" \
-    || echo "== nginx did not start ($(head -c 300 "$work/nginx/start.log")): its rows are skipped"
+  if "$nginx_bin" -c "$dir/nginx.conf" -p "$dir" -g 'daemon on;' 2>"$dir/start.log"; then
+    echo "127.0.0.1:$port"
+  else
+    echo "== nginx ($workers workers) did not start ($(head -c 300 "$dir/start.log")): its rows are skipped" >&2
+  fi
+}
+nginx_n=""; nginx_1=""
+if [ -n "$nginx_bin" ]; then
+  nginx_n=$(start_nginx "$(nproc)")
+  nginx_1=$(start_nginx 1)
 fi
+stop_nginx() { for f in "$work"/nginx-*/nginx.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done; }
+trap 'stop_nginx; cleanup' EXIT
 
 litellm=""
 litellm_key=sk-bench-litellm-master-key
@@ -172,7 +188,7 @@ post_stream=(-m POST -T application/json -D "$work/stream.json" -H 'x-mock-chunk
 for round in $(seq 1 "$rounds"); do
   echo "== round $round of $rounds"
   for c in 1 32 128; do
-    for t in direct compactor nginx litellm; do
+    for t in direct compactor compactor_shared nginx_n nginx_1 litellm; do
       addr=$(eval echo "\${$t:-}"); [ "$t" = direct ] && addr=$mock
       auth=(); [ "$t" = litellm ] && auth=(-H "authorization: Bearer $litellm_key")
       run pass_small "$c" "$t" "$addr" "$round" -z "${seconds}s" "${post_small[@]}" "${auth[@]}"
@@ -180,11 +196,11 @@ for round in $(seq 1 "$rounds"); do
   done
   for c in 1 32; do
     n=$(( c == 1 ? 8 : 64 ))
-    for t in direct compactor nginx; do
+    for t in direct compactor compactor_shared nginx_n nginx_1; do
       addr=$(eval echo "\${$t:-}"); [ "$t" = direct ] && addr=$mock
       run stream "$c" "$t" "$addr" "$round" -n "$n" "${post_stream[@]}"
     done
-    for t in direct compactor nginx; do
+    for t in direct compactor nginx_n nginx_1; do
       addr=$(eval echo "\${$t:-}"); [ "$t" = direct ] && addr=$mock
       run big_under "$c" "$t" "$addr" "$round" -z "${seconds}s" "${post_big[@]}"
     done
@@ -198,6 +214,8 @@ oha --no-tui --output-format json -o "$results/memory.json" -c 256 -n 512 "${pos
   -H 'x-mock-chunk-delay-ms: 10' "http://$memory/v1/chat/completions" >/dev/null 2>&1 || true
 peak_rss=$(hwm_kb "$memory_pid")
 
+dropped=$(grep -h "log lines were dropped" "$work"/compactor*.log 2>/dev/null | head -3 || true)
+[ -z "$dropped" ] || echo "== $dropped"
 python3 scripts/bench_report.py "$results" "$out" \
   --idle-rss-kb "$idle_rss" --peak-rss-kb "$peak_rss" --rounds "$rounds" --seconds "$seconds" \
   --machine "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"

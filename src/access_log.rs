@@ -13,8 +13,9 @@ use crate::body::{BoxError, ProxyBody};
 /// What the request log line says; filled in as the request goes through its phases.
 #[derive(Debug, Default)]
 pub struct RequestLog {
-    pub method: String,
-    pub path: String,
+    /// Both are cheap clones of the request's own (shared) parts, not copies.
+    pub method: http::Method,
+    pub uri: http::Uri,
     pub status: u16,
     pub upstream: Option<String>,
     pub model: Option<String>,
@@ -63,13 +64,13 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
     match &log.compaction {
         None => tracing::info!(
             target: "compactor::access",
-            method = %log.method, path = %log.path, status = log.status, upstream, model, key,
+            method = %log.method, path = log.uri.path(), status = log.status, upstream, model, key,
             duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
             "request"
         ),
         Some(c) => tracing::info!(
             target: "compactor::access",
-            method = %log.method, path = %log.path, status = log.status, upstream, model, key,
+            method = %log.method, path = log.uri.path(), status = log.status, upstream, model, key,
             duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
             compaction = c.label(), reason = c.reason,
             tokens_before = c.token_counts().map(|(before, _)| before),

@@ -83,8 +83,8 @@ pub async fn handle(
 ) -> Result<Response<LoggedBody>, Infallible> {
     let started = Instant::now();
     let mut log = RequestLog {
-        method: request.method().to_string(),
-        path: request.uri().path().to_string(),
+        method: request.method().clone(),
+        uri: request.uri().clone(),
         ..RequestLog::default()
     };
     let response = match proxy(&app, request, &mut log).await {

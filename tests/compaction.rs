@@ -110,6 +110,34 @@ async fn under_every_trigger_the_upstream_gets_the_exact_bytes_and_no_summary_is
 }
 
 #[tokio::test]
+async fn a_body_far_under_the_trigger_passes_on_its_size_and_one_near_it_is_counted() {
+    // 3000 tokens: a 2 KB body is under it whatever it holds; a 12 KB one might not be.
+    let stack = stack_with(
+        "  trigger: [{type: tokens, value: 3000}]\n  keep: {type: messages, value: 4}\n",
+        MockOptions::default(),
+    )
+    .await;
+    for (exchanges, counted) in [(4, false), (40, true)] {
+        let body = request_body(&conversation(exchanges, "s"), false);
+        let response = roundtrip(
+            &client(),
+            json_request(&stack.proxy.url("/v1/chat/completions"), body.clone(), &[]),
+        )
+        .await;
+        assert_eq!(response.status, StatusCode::OK);
+        assert_eq!(compaction(&response), "skipped", "{exchanges} exchanges");
+        assert_eq!(stack.upstream.last_request().unwrap().body, body.as_bytes());
+        let tokens = response.headers.get("x-compactor-tokens-before");
+        assert_eq!(
+            tokens.is_some(),
+            counted,
+            "{exchanges} exchanges: {tokens:?}"
+        );
+    }
+    assert_eq!(stack.summarizer.chat_calls(), 0);
+}
+
+#[tokio::test]
 async fn a_conversation_is_summarized_then_reused_then_summarized_incrementally() {
     let stack = stack().await;
     // Turn 1: 14 messages, over the trigger of 12.

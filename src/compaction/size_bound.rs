@@ -10,7 +10,9 @@
 //! escape; such a body (and one that sets an output reserve a `fraction` trigger depends on) is
 //! left to the full count.
 
-use memchr::memmem;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 use super::plan::PlanSettings;
 use super::tokens::{ModelTable, PER_MESSAGE_OVERHEAD};
@@ -40,14 +42,32 @@ impl ModelBounds {
     }
 }
 
+/// Built once: a searcher's set-up costs more than the search of a small body.
+struct Finders {
+    role: Finder<'static>,
+    image: Finder<'static>,
+    max_tokens: Finder<'static>,
+    max_completion_tokens: Finder<'static>,
+    escape: Finder<'static>,
+}
+
+static FINDERS: LazyLock<Finders> = LazyLock::new(|| Finders {
+    role: Finder::new(br#""role""#),
+    image: Finder::new(br#""image"#),
+    max_tokens: Finder::new(br#""max_tokens""#),
+    max_completion_tokens: Finder::new(br#""max_completion_tokens""#),
+    escape: Finder::new(br"\u00"),
+});
+
 /// Whether any body of these bytes is under every trigger of `settings`, whatever model it
 /// names; false means only "not proved" (the full count decides).
 pub fn provably_under(body: &[u8], settings: &PlanSettings, models: &ModelBounds) -> bool {
-    if has_escaped_ascii_letter(body) {
+    let finders = &*FINDERS;
+    if has_escaped_ascii_letter(body, &finders.escape) {
         return false;
     }
-    let roles = memmem::find_iter(body, br#""role""#).count() as u64;
-    let images = memmem::find_iter(body, br#""image"#).count() as u64;
+    let roles = finders.role.find_iter(body).count() as u64;
+    let images = finders.image.find_iter(body).count() as u64;
     // A wide character is one token for at least 3 bytes (UTF-8) or 6 (a `\u` escape, the only
     // way an ASCII body holds one).
     let bytes_per_wide = if body.is_ascii() { 6.0 } else { 3.0 };
@@ -58,8 +78,8 @@ pub fn provably_under(body: &[u8], settings: &PlanSettings, models: &ModelBounds
         + (images * models.max_image_tokens) as f64
         + (roles * (PER_MESSAGE_OVERHEAD + 1)) as f64
         + 1.0;
-    let reserve_unknown = memmem::find(body, br#""max_tokens""#).is_some()
-        || memmem::find(body, br#""max_completion_tokens""#).is_some();
+    let reserve_unknown = finders.max_tokens.find(body).is_some()
+        || finders.max_completion_tokens.find(body).is_some();
     settings.triggers.iter().all(|trigger| match *trigger {
         ContextSize::Tokens(v) => tokens < v as f64,
         ContextSize::Messages(v) => roles < v,
@@ -75,8 +95,10 @@ pub fn provably_under(body: &[u8], settings: &PlanSettings, models: &ModelBounds
 /// `\u004X` … `\u007X`: an escaped ASCII letter (or `_`), the one way a body can spell a key or
 /// type the literal search would miss. (An escaped backslash followed by `u004…` counts too:
 /// a false alarm only costs the full count.)
-fn has_escaped_ascii_letter(body: &[u8]) -> bool {
-    memmem::find_iter(body, br"\u00").any(|at| matches!(body.get(at + 4), Some(b'4'..=b'7')))
+fn has_escaped_ascii_letter(body: &[u8], escape: &Finder<'_>) -> bool {
+    escape
+        .find_iter(body)
+        .any(|at| matches!(body.get(at + 4), Some(b'4'..=b'7')))
 }
 
 #[cfg(test)]
