@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod headers;
 pub mod inbound;
+pub mod lean_client;
 pub mod notice;
 pub mod proxy;
 pub mod routing;

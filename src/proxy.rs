@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 
 use crate::access_log::{LoggedBody, RequestLog};
@@ -329,12 +329,23 @@ async fn send(
     request: Request<ProxyBody>,
     compacted: Option<&Compacted>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let response = match tokio::time::timeout(
-        upstream.first_byte_timeout,
-        upstream.client.request(request),
-    )
-    .await
-    {
+    let sent = match &upstream.lean {
+        Some(lean) => {
+            let request = upstream.origin_form(request);
+            tokio::time::timeout(upstream.first_byte_timeout, lean.send(request))
+                .await
+                .map(|result| result.map_err(ClientError::from))
+                .map(|result| result.map(|response| response.map(Either::Left)))
+        }
+        None => tokio::time::timeout(
+            upstream.first_byte_timeout,
+            upstream.client.request(request),
+        )
+        .await
+        .map(|result| result.map_err(ClientError::from))
+        .map(|result| result.map(|response| response.map(Either::Right))),
+    };
+    let response = match sent {
         Err(_) => {
             return Err(ProxyError::UpstreamTimeout {
                 upstream: upstream.name.clone(),
@@ -344,12 +355,12 @@ async fn send(
         Ok(Err(e)) => {
             // A body the client broke, cut short or sent too slowly surfaces here while it was
             // being streamed on: the client's fault, not the upstream's.
-            if let Some(fault) = BodyFault::in_chain(&e) {
+            if let Some(fault) = BodyFault::in_chain(&*e.0) {
                 return Err(ProxyError::from_body_fault(fault));
             }
             return Err(ProxyError::UpstreamUnreachable {
                 upstream: upstream.name.clone(),
-                reason: error_chain(&e),
+                reason: error_chain(&*e.0),
             });
         }
         Ok(Ok(response)) => response,
@@ -364,6 +375,21 @@ async fn send(
     }
     let body = UpstreamBody::new(incoming, upstream.idle_timeout, prelude);
     Ok(Response::from_parts(parts, body.boxed_unsync()))
+}
+
+/// Either client's failure, with its source chain intact for [`BodyFault::in_chain`].
+struct ClientError(Box<dyn std::error::Error + Send + Sync>);
+
+impl From<crate::lean_client::LeanError> for ClientError {
+    fn from(e: crate::lean_client::LeanError) -> Self {
+        ClientError(Box::new(e))
+    }
+}
+
+impl From<hyper_util::client::legacy::Error> for ClientError {
+    fn from(e: hyper_util::client::legacy::Error) -> Self {
+        ClientError(Box::new(e))
+    }
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

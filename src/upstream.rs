@@ -11,9 +11,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use wildmatch::WildMatch;
 
+use std::sync::Arc;
+
 use crate::body::ProxyBody;
 use crate::config::{TlsConfig, UpstreamConfig};
 use crate::headers::{strip_hop_by_hop, CONTROL_HEADERS};
+use crate::lean_client::LeanPool;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
@@ -28,6 +31,8 @@ pub struct Upstream {
     models: Vec<WildMatch>,
     pub(crate) matches_every_model: bool,
     pub client: HttpClient,
+    /// Set for `http://` upstreams: the forwarding path uses it instead of `client`.
+    pub lean: Option<Arc<LeanPool>>,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
 }
@@ -76,7 +81,16 @@ impl Upstream {
             value.set_sensitive(true);
             extra_headers.push((name, value));
         }
+        let lean = (scheme == http::uri::Scheme::HTTP).then(|| {
+            let port = authority.port_u16().unwrap_or(80);
+            Arc::new(LeanPool::new(
+                format!("{}:{port}", authority.host()),
+                Duration::from_secs_f64(config.connect_timeout_secs),
+                Duration::from_secs_f64(config.idle_timeout_secs).min(Duration::from_secs(90)),
+            ))
+        });
         Ok(Upstream {
+            lean,
             name: config.name.clone(),
             scheme,
             authority,
@@ -138,6 +152,21 @@ impl Upstream {
         // The pooled client picks HTTP/1.1 or h2 (by ALPN) per connection, whatever the client used.
         *request.version_mut() = Version::HTTP_11;
         *request.headers_mut() = headers;
+        request
+    }
+
+    /// The request as a bare HTTP/1.1 connection takes it: path-only target and a `Host`
+    /// header (the pooled client derives both from the absolute URL itself).
+    pub fn origin_form(&self, mut request: Request<ProxyBody>) -> Request<ProxyBody> {
+        if let Ok(host) = HeaderValue::from_str(self.authority.as_str()) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+        let target = request
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        *request.uri_mut() = Uri::from(target);
         request
     }
 

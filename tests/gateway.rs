@@ -500,3 +500,29 @@ async fn an_upstream_silent_past_the_idle_timeout_is_cut() {
         "the stalled stream was not cut: {result:?}"
     );
 }
+
+#[tokio::test]
+async fn upstream_connections_are_reused_and_a_closed_one_is_replaced() {
+    let (mock, proxy) = gateway().await;
+    let client = client();
+    let url = proxy.url("/v1/chat/completions");
+    for turn in 0..4 {
+        let reply = roundtrip(&client, json_request(&url, chat_body("hi", false), &[])).await;
+        assert_eq!(reply.status, StatusCode::OK, "turn {turn}");
+    }
+    assert_eq!(mock.connections(), 1, "one kept-alive upstream connection");
+    let seen = mock.last_request().expect("upstream saw it");
+    assert_eq!(seen.headers["host"], mock.addr.to_string().as_str());
+    assert_eq!(seen.path_and_query, "/v1/chat/completions");
+
+    // The upstream closes the connection after this answer: the next request gets a new one.
+    let closing = roundtrip(
+        &client,
+        json_request(&url, chat_body("bye", false), &[("x-mock-close", "1")]),
+    )
+    .await;
+    assert_eq!(closing.status, StatusCode::OK);
+    let after = roundtrip(&client, json_request(&url, chat_body("again", false), &[])).await;
+    assert_eq!(after.status, StatusCode::OK);
+    assert_eq!(mock.connections(), 2);
+}

@@ -10,6 +10,7 @@
 //!   the connection after the first event.
 //! - `x-mock-id: ID` — use this completion id (makes two replies byte-comparable).
 //! - `x-mock-response-header: NAME=VALUE` — on non-chat paths, add that response header.
+//! - `x-mock-close: 1` — answer with `connection: close` and close the connection after it.
 //! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
 //!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
 //!
@@ -124,6 +125,7 @@ struct MockState {
     held: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
     arrived: Notify,
     arrivals: AtomicUsize,
+    connections: AtomicUsize,
 }
 
 /// A running mock upstream; dropping it does not stop it (it lives as long as the runtime).
@@ -145,6 +147,11 @@ impl MockHandle {
 
     pub fn last_request(&self) -> Option<RecordedRequest> {
         lock(&self.state.recorded).back().cloned()
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Chat-completion requests served (validated ones included, faults excluded).
@@ -249,10 +256,23 @@ pub async fn start(addr: &str, options: MockOptions) -> std::io::Result<MockHand
                 continue;
             };
             let _ = stream.set_nodelay(true);
+            state.connections.fetch_add(1, Ordering::SeqCst);
             let state = state.clone();
             let options = options.clone();
-            let service =
-                service_fn(move |request| serve_request(state.clone(), options.clone(), request));
+            let service = service_fn(move |request: Request<Incoming>| {
+                let close = request.headers().contains_key("x-mock-close");
+                let served = serve_request(state.clone(), options.clone(), request);
+                async move {
+                    let mut response = served.await?;
+                    if close {
+                        response.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    Ok::<_, Infallible>(response)
+                }
+            });
             let connection = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
