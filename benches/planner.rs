@@ -1,5 +1,6 @@
 //! The planner alone, on generated agent conversations of 10 KB, 1 MB and 10 MB:
-//! the under-trigger check (the size bound alone, and parse + count) and the full plan + rewrite.
+//! the under-trigger check (the size bound alone, and parse + count), the full plan + rewrite,
+//! and the summarizer's input for a summarize decision.
 
 use std::hint::black_box;
 
@@ -7,8 +8,9 @@ use compactor::compaction::conversation::Conversation;
 use compactor::compaction::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::rewrite::{rewrite, summary_message};
 use compactor::compaction::size_bound::{provably_under, ModelBounds};
+use compactor::compaction::summary_input::{self, InputSettings};
 use compactor::compaction::tokens::{ModelTable, TokenModel};
-use compactor::config::{ContextSize, SummarizationConfig, SummaryRole};
+use compactor::config::{ContextSize, Oversize, SummarizationConfig, SummaryRole};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
 
@@ -97,6 +99,34 @@ fn benches(c: &mut Criterion) {
                         panic!("expected a summarize plan");
                     };
                     black_box(rewrite(&conversation, &layout, &summary).expect("valid"))
+                })
+            },
+        );
+        // What a summarize decision adds: the transcript of the evicted messages as shipped
+        // (folded into at most 4 calls of 24 000 tokens, the budget without a known window).
+        let conversation = Conversation::parse(body.as_bytes()).expect("parses");
+        let planned = plan(&conversation, &over, &model, false, &mut NoCache);
+        let Decision::Summarize { to_summarize, .. } = planned.decision else {
+            panic!("expected a summarize plan");
+        };
+        let input_settings = InputSettings {
+            budget: Some(24_000),
+            oversize: Oversize::Fold,
+            max_calls: 4,
+            model,
+        };
+        group.bench_with_input(
+            BenchmarkId::new("summary_input", label),
+            &to_summarize,
+            |b, to_summarize| {
+                b.iter(|| {
+                    black_box(summary_input::select(
+                        &conversation,
+                        black_box(to_summarize),
+                        &planned.message_tokens,
+                        None,
+                        &input_settings,
+                    ))
                 })
             },
         );

@@ -571,9 +571,11 @@ fn a_window_without_any_user_message_still_gets_a_summarizer_input() {
     ];
     let text = body(&messages);
     let conversation = Conversation::parse(text.as_bytes()).unwrap();
-    let entries = summary_input::transcript_entries(&conversation, &[1, 2, 3]);
-    let input = summary_input::build(
-        entries,
+    let tokens = conversation.message_tokens(&TokenModel::default());
+    let input = summary_input::select(
+        &conversation,
+        &[1, 2, 3],
+        &tokens,
         None,
         &InputSettings {
             budget: Some(100),

@@ -591,9 +591,10 @@ impl Inner {
                 let Ok(splice) = self.splice(&conversation, &layout) else {
                     return forward(OutcomeKind::Failed, cache_use, "rewrite_invalid");
                 };
-                let entries = summary_input::transcript_entries(&conversation, &to_summarize);
-                let input = summary_input::build(
-                    entries,
+                let input = summary_input::select(
+                    &conversation,
+                    &to_summarize,
+                    &plan.message_tokens,
                     previous.as_ref().map(|p| p.text.as_str()),
                     &InputSettings {
                         budget: self.call_budget(&model),

@@ -115,6 +115,8 @@ pub struct Plan {
     pub chain: Option<Vec<Digest>>,
     pub cache_consulted: bool,
     pub cache_hit: bool,
+    /// Each message's token count, when the request was over a trigger.
+    pub message_tokens: Vec<u64>,
 }
 
 /// Per-request facts every step reads.
@@ -152,6 +154,7 @@ pub fn plan(
         chain: None,
         cache_consulted: false,
         cache_hit: false,
+        message_tokens: Vec::new(),
     };
     // Threshold first: under every trigger nothing else is computed and the cache is not read.
     if !force
@@ -194,6 +197,7 @@ pub fn plan(
         cache_hit: cached.is_some(),
         chain: Some(chain),
         cache_consulted: true,
+        message_tokens: analysis.tokens,
     }
 }
 
