@@ -20,6 +20,11 @@ impl<'a> Json<'a> {
         self.0
     }
 
+    /// A slice a front-end already knows to be one JSON value of the body.
+    pub(super) fn of(raw: &'a str) -> Json<'a> {
+        Json(raw)
+    }
+
     /// None for an explicit `null`, which the API treats as absent.
     fn non_null(raw: &'a str) -> Option<Json<'a>> {
         (raw != "null").then_some(Json(raw))
@@ -228,6 +233,12 @@ pub struct Message<'a> {
     tool_calls_raw: Option<Json<'a>>,
     function_call: Option<Json<'a>>,
     pub tool_call_id: Option<Cow<'a, str>>,
+    /// An item the planner does not read (a Responses reasoning item, a built-in tool call):
+    /// counted and hashed whole, never shown to the summarizer as text.
+    pub opaque: Option<Json<'a>>,
+    /// It must stay next to the message after it (a Responses reasoning item and the item it
+    /// produced): no cut falls between them.
+    pub binds_next: bool,
 }
 
 /// A parsed chat-completions request: the messages, and where they sit in the body.
@@ -240,6 +251,8 @@ pub struct Conversation<'a> {
     pub messages_span: std::ops::Range<usize>,
     tools: Option<&'a RawValue>,
     functions: Option<&'a RawValue>,
+    /// Pinned text sent outside the message list (Responses `instructions`).
+    instructions: Option<&'a RawValue>,
     /// Tokens the caller reserved for the answer (`max_completion_tokens`, else `max_tokens`).
     pub output_reserve: u64,
 }
@@ -273,6 +286,7 @@ impl<'a> Conversation<'a> {
             messages_span,
             tools: view.tools,
             functions: view.functions,
+            instructions: None,
             output_reserve: view.max_completion_tokens.or(view.max_tokens).unwrap_or(0),
         })
     }
@@ -284,9 +298,34 @@ impl<'a> Conversation<'a> {
         start..start + raw.len()
     }
 
-    /// Tokens of the tool/function schemas sent with every request.
+    /// A conversation read by another API's front-end: `messages` are its items mapped onto
+    /// the message view, `messages_span` the byte range of the array holding them.
+    pub(super) fn from_parts(
+        body: &'a [u8],
+        model: Option<Cow<'a, str>>,
+        messages: Vec<Message<'a>>,
+        tools: Option<&'a RawValue>,
+        instructions: Option<&'a RawValue>,
+        output_reserve: u64,
+    ) -> Conversation<'a> {
+        let text = std::str::from_utf8(body).unwrap_or("");
+        let messages_span = array_span(text, &messages);
+        Conversation {
+            body,
+            model,
+            messages,
+            messages_span,
+            tools,
+            functions: None,
+            instructions,
+            output_reserve,
+        }
+    }
+
+    /// Tokens of what is sent with every request besides the messages: tool and function
+    /// schemas, and instructions.
     pub fn schema_tokens(&self, model: &TokenModel) -> u64 {
-        let chars = [self.tools, self.functions]
+        let chars = [self.tools, self.functions, self.instructions]
             .into_iter()
             .flatten()
             .filter(|raw| raw.get() != "null")
@@ -431,7 +470,37 @@ impl<'a> Message<'a> {
             tool_calls_raw,
             function_call: fields.function_call.and_then(Json::non_null),
             tool_call_id: fields.tool_call_id.and_then(string_value),
+            opaque: None,
+            binds_next: false,
         })
+    }
+
+    /// One item of another API, already taken apart by its front-end; `raw` is its bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn from_item(
+        raw: &'a str,
+        role_text: Cow<'a, str>,
+        content: Option<&'a str>,
+        tool_calls: Vec<ToolCall<'a>>,
+        tool_call_id: Option<Cow<'a, str>>,
+        opaque: Option<&'a str>,
+        binds_next: bool,
+    ) -> Message<'a> {
+        let counted_calls = tool_calls.first().and_then(|call| call.arguments_raw);
+        Message {
+            raw: Json(raw),
+            role: Role::parse(&role_text),
+            role_text,
+            name: None,
+            content: content.and_then(Json::non_null),
+            refusal: None,
+            tool_calls,
+            tool_calls_raw: counted_calls,
+            function_call: None,
+            tool_call_id,
+            opaque: opaque.map(Json),
+            binds_next,
+        }
     }
 
     pub fn has_tool_calls(&self) -> bool {
@@ -451,7 +520,7 @@ impl<'a> Message<'a> {
         if let Some(refusal) = self.refusal {
             content_chars(refusal, &mut chars, &mut images);
         }
-        for raw in [self.tool_calls_raw, self.function_call]
+        for raw in [self.tool_calls_raw, self.function_call, self.opaque]
             .into_iter()
             .flatten()
         {
@@ -526,7 +595,7 @@ fn content_chars(raw: Json<'_>, chars: &mut CharCount, images: &mut u64) {
     for part in parts {
         match serde_json::from_str::<PartView>(part.get()) {
             Ok(view) => match (view.kind.as_deref(), view.text, view.refusal) {
-                (Some("image_url") | Some("image"), _, _) => *images += 1,
+                (Some("image_url") | Some("image") | Some("input_image"), _, _) => *images += 1,
                 (_, Some(text), _) if text.get().starts_with('"') => {
                     chars.add(json_string_chars(text.get()))
                 }

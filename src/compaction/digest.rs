@@ -79,6 +79,9 @@ fn write_fields(message: &Message<'_>, hasher: &mut Sha256, scratch: &mut Vec<u8
     if let Some(id) = &message.tool_call_id {
         field(hasher, b"tool_call_id", id.as_bytes());
     }
+    if let Some(opaque) = message.opaque {
+        field(hasher, b"opaque", &json_meaning(opaque.get(), scratch));
+    }
 }
 
 fn field(hasher: &mut Sha256, tag: &[u8], value: &[u8]) {

@@ -1,5 +1,5 @@
 //! Compaction. The pure planner: `conversation` (the request as a borrowed view, read in one
-//! pass), `tokens` (the estimate), `structure` (tool-call groups, valid cuts, the validator),
+//! pass), `responses` (the Responses API's items mapped onto that view), `tokens` (the estimate), `structure` (tool-call groups, valid cuts, the validator),
 //! `skills` (skill reads worth keeping), `plan` (what to summarize and keep), `size_bound` (under every trigger, from the byte length), `summary_input`
 //! (the summarizer's prompt), `rewrite` (the splice), `digest` (cache keys). The parts that
 //! call out or hold state: `engine` (orchestration per request), `control` (the request's
@@ -17,6 +17,7 @@ pub mod failure;
 pub mod offload;
 mod outcome;
 pub mod plan;
+pub mod responses;
 pub mod rewrite;
 pub mod scope;
 pub mod single_flight;

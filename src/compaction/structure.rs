@@ -56,7 +56,8 @@ impl Split {
 }
 
 /// Tool-call groups: an assistant with tool calls plus every later tool message answering one
-/// of its ids, adjacent or not; any other message is a group of one.
+/// of its ids, adjacent or not; any other message is a group of one. A cut never falls inside a
+/// group, nor between a message that binds to the next one and that next one.
 pub struct Groups {
     /// `start[i]`: the first message of message i's group.
     pub start: Vec<usize>,
@@ -95,6 +96,13 @@ impl Groups {
             if start[first] == first && end[first] > first {
                 depth[first + 1] += 1;
                 depth[end[first] + 1] -= 1;
+            }
+        }
+        // A message bound to the next one makes a span of two.
+        for i in 0..n.saturating_sub(1) {
+            if messages[i].binds_next {
+                depth[i + 1] += 1;
+                depth[i + 2] -= 1;
             }
         }
         let mut valid_cut = vec![true; n + 1];

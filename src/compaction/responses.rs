@@ -1,0 +1,479 @@
+//! The Responses API (`POST /v1/responses`) as the planner sees it: `input` items mapped onto
+//! the message view, so one planner serves both APIs. A function call is an assistant turn with
+//! one call (its `call_id`), its output a tool result answering it, so the tool-call groups
+//! keep each call with its output, parallel and non-adjacent ones included. A reasoning item
+//! binds to the item after it (OpenAI rejects one "provided without its required following
+//! item"). Reasoning, compaction and built-in tool items are opaque: counted and hashed whole,
+//! kept verbatim or dropped with their group, never shown to the summarizer as text.
+//!
+//! Requests whose history is not all in the body are left alone: `previous_response_id` and
+//! `conversation` (the history lives upstream), `context_management` and a
+//! `compaction_trigger` item (the provider compacts natively), an `item_reference` (an item the
+//! proxy cannot see), and a string `input` (nothing to cut).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::conversation::{Conversation, Message, ParseError, ToolCall};
+
+/// A Responses request: a conversation to plan, or the reason it is forwarded as is.
+#[derive(Debug)]
+pub enum Parsed<'a> {
+    Conversation(Conversation<'a>),
+    LeaveAlone(&'static str),
+}
+
+#[derive(Deserialize)]
+struct RequestView<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    conversation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    context_management: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ItemView<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    call_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    /// A custom tool call's free-form input.
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    approval_request_id: Option<Cow<'a, str>>,
+}
+
+fn present(raw: Option<&RawValue>) -> bool {
+    raw.is_some_and(|raw| raw.get() != "null")
+}
+
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
+    let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    let view: RequestView<'_> =
+        serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    if present(view.previous_response_id) {
+        return Ok(Parsed::LeaveAlone("previous_response_id"));
+    }
+    if present(view.conversation) {
+        return Ok(Parsed::LeaveAlone("conversation"));
+    }
+    if present(view.context_management) {
+        return Ok(Parsed::LeaveAlone("context_management"));
+    }
+    let Some(input) = view.input.filter(|raw| raw.get().starts_with('[')) else {
+        return Ok(Parsed::LeaveAlone("string_input"));
+    };
+    let items: Vec<&RawValue> =
+        serde_json::from_str(input.get()).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    let mut messages = Vec::with_capacity(items.len());
+    for (i, raw) in items.into_iter().enumerate() {
+        let item: ItemView<'_> = serde_json::from_str(raw.get())
+            .map_err(|e| ParseError::BadMessage(i, e.to_string()))?;
+        match item_message(raw.get(), item) {
+            Ok(message) => messages.push(message),
+            Err(Unplannable::LeaveAlone(reason)) => return Ok(Parsed::LeaveAlone(reason)),
+            Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
+        }
+    }
+    Ok(Parsed::Conversation(Conversation::from_parts(
+        body,
+        view.model,
+        messages,
+        view.tools,
+        view.instructions.filter(|raw| raw.get() != "null"),
+        view.max_output_tokens.unwrap_or(0),
+    )))
+}
+
+enum Unplannable {
+    LeaveAlone(&'static str),
+    Bad(String),
+}
+
+fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unplannable> {
+    let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Option<&'a RawValue>| {
+        vec![ToolCall {
+            id,
+            name,
+            arguments_raw: arguments.map(|raw| super::conversation::Json::of(raw.get())),
+        }]
+    };
+    let required = |value: Option<Cow<'a, str>>, what: &str| {
+        value.ok_or_else(|| Unplannable::Bad(format!("{what} is missing")))
+    };
+    let kind = item.kind.as_deref().unwrap_or("message");
+    let assistant = Cow::Borrowed("assistant");
+    let tool = Cow::Borrowed("tool");
+    let output = item.output.map(RawValue::get);
+    Ok(match kind {
+        "message" => {
+            let role = required(item.role, "role")?;
+            Message::from_item(
+                raw,
+                role,
+                item.content.map(RawValue::get),
+                Vec::new(),
+                None,
+                None,
+                false,
+            )
+        }
+        "function_call" | "custom_tool_call" => {
+            let id = required(item.call_id, "call_id")?;
+            let name = item.name.unwrap_or(Cow::Borrowed(""));
+            let arguments = item.arguments.or(item.input);
+            Message::from_item(
+                raw,
+                assistant,
+                None,
+                call(id, name, arguments),
+                None,
+                None,
+                false,
+            )
+        }
+        "computer_call" | "local_shell_call" => {
+            let id = required(item.call_id, "call_id")?;
+            let name = Cow::Owned(kind.to_string());
+            Message::from_item(
+                raw,
+                assistant,
+                None,
+                call(id, name, None),
+                None,
+                Some(raw),
+                false,
+            )
+        }
+        "mcp_approval_request" => {
+            let id = required(item.id, "id")?;
+            let name = item.name.unwrap_or(Cow::Borrowed("mcp_approval_request"));
+            Message::from_item(
+                raw,
+                assistant,
+                None,
+                call(id, name, item.arguments),
+                None,
+                None,
+                false,
+            )
+        }
+        "function_call_output" | "custom_tool_call_output" => {
+            let id = required(item.call_id, "call_id")?;
+            Message::from_item(raw, tool, output, Vec::new(), Some(id), None, false)
+        }
+        "computer_call_output" => {
+            let id = required(item.call_id, "call_id")?;
+            Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
+        }
+        // The output names its call by `id` (openai-python's `LocalShellCallOutput`).
+        "local_shell_call_output" => {
+            let id = required(item.id, "id")?;
+            Message::from_item(raw, tool, output, Vec::new(), Some(id), None, false)
+        }
+        "mcp_approval_response" => {
+            let id = required(item.approval_request_id, "approval_request_id")?;
+            Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
+        }
+        "item_reference" => return Err(Unplannable::LeaveAlone("item_reference")),
+        "compaction_trigger" => return Err(Unplannable::LeaveAlone("compaction_trigger")),
+        "reasoning" => Message::from_item(
+            raw,
+            Cow::Borrowed("reasoning"),
+            None,
+            Vec::new(),
+            None,
+            Some(raw),
+            true,
+        ),
+        // Self-contained items (web and file search, image generation, code interpreter, MCP
+        // calls with their output, compaction) and kinds this version does not know.
+        other => Message::from_item(
+            raw,
+            Cow::Owned(other.to_string()),
+            None,
+            Vec::new(),
+            None,
+            Some(raw),
+            false,
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::structure::{validate, Groups};
+    use super::*;
+
+    fn conversation(body: &str) -> Conversation<'_> {
+        match parse(body.as_bytes()).unwrap() {
+            Parsed::Conversation(conversation) => conversation,
+            Parsed::LeaveAlone(reason) => panic!("left alone: {reason}"),
+        }
+    }
+
+    fn left_alone(body: serde_json::Value) -> &'static str {
+        let text = body.to_string();
+        match parse(text.as_bytes()).unwrap() {
+            Parsed::LeaveAlone(reason) => reason,
+            Parsed::Conversation(_) => panic!("planned: {text}"),
+        }
+    }
+
+    #[test]
+    fn history_the_proxy_cannot_see_is_left_alone() {
+        let input = json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(
+            left_alone(json!({"model": "m", "input": input, "previous_response_id": "resp_1"})),
+            "previous_response_id"
+        );
+        assert_eq!(
+            left_alone(json!({"model": "m", "input": input, "conversation": "conv_1"})),
+            "conversation"
+        );
+        assert_eq!(
+            left_alone(
+                json!({"model": "m", "input": input, "context_management": [{"type": "compaction"}]})
+            ),
+            "context_management"
+        );
+        assert_eq!(
+            left_alone(json!({"model": "m", "input": "just text"})),
+            "string_input"
+        );
+        assert_eq!(
+            left_alone(
+                json!({"model": "m", "input": [{"role": "user", "content": "q"}, {"type": "item_reference", "id": "msg_1"}]})
+            ),
+            "item_reference"
+        );
+        // An explicit null is absent.
+        let body = json!({"model": "m", "input": input, "previous_response_id": null}).to_string();
+        assert!(matches!(
+            parse(body.as_bytes()).unwrap(),
+            Parsed::Conversation(_)
+        ));
+    }
+
+    #[test]
+    fn items_keep_their_bytes_and_the_array_is_located() {
+        let body = r#"{"model":"m","instructions":"be brief","input": [ {"role":"developer","content":"rules"}, {"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}],"x-unknown":1} ],"store":false}"#;
+        let conversation = conversation(body);
+        assert_eq!(conversation.messages.len(), 2);
+        assert_eq!(
+            conversation.messages[1].raw.get(),
+            r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}],"x-unknown":1}"#
+        );
+        assert!(conversation.messages[0].role.is_instruction());
+        let span = conversation.messages_span.clone();
+        assert!(body[span.clone()].starts_with("[ {") && body[span].ends_with("} ]"));
+        assert!(conversation.schema_tokens(&Default::default()) > 0);
+    }
+
+    #[test]
+    fn a_call_and_its_output_are_one_group_even_parallel_and_apart() {
+        let body = json!({"model": "m", "input": [
+            {"role": "user", "content": "q"},
+            {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "b", "name": "g", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "b", "output": "B"},
+            {"role": "assistant", "content": "thinking aloud"},
+            {"type": "function_call_output", "call_id": "a", "output": "A"},
+            {"role": "user", "content": "next"},
+        ]})
+        .to_string();
+        let conversation = conversation(&body);
+        let groups = Groups::of(&conversation.messages);
+        assert_eq!(
+            groups.valid_cut,
+            [true, true, false, false, false, false, true, true]
+        );
+        assert!(validate(conversation.messages.iter()).is_ok());
+        // Without its call the output is an orphan, as OpenAI says.
+        assert!(validate(conversation.messages[3..].iter()).is_err());
+    }
+
+    #[test]
+    fn reasoning_stays_with_the_item_it_produced() {
+        let body = json!({"model": "m", "input": [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA".repeat(800)},
+            {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "a", "output": "A"},
+            {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "s"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+            {"role": "user", "content": "next"},
+        ]})
+        .to_string();
+        let conversation = conversation(&body);
+        let groups = Groups::of(&conversation.messages);
+        assert_eq!(
+            groups.valid_cut,
+            [true, true, false, false, true, false, true, true]
+        );
+        // Opaque items are counted whole: 4 000 characters of encrypted content cost tokens.
+        let model = Default::default();
+        assert!(conversation.messages[1].tokens(&model) >= 1_000);
+        assert!(conversation.messages[1].opaque.is_some());
+        assert!(conversation.messages[1].content.is_none());
+    }
+
+    #[test]
+    fn an_item_without_its_required_fields_is_a_parse_error() {
+        for item in [
+            json!({"type": "function_call", "name": "f", "arguments": "{}"}),
+            json!({"type": "function_call_output", "output": "x"}),
+            json!({"type": "message", "content": "no role"}),
+        ] {
+            let body = json!({"model": "m", "input": [item]}).to_string();
+            assert!(
+                matches!(parse(body.as_bytes()), Err(ParseError::BadMessage(0, _))),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_agent_run_is_summarized_at_a_cut_that_keeps_reasoning_whole() {
+        let mut input = vec![json!({"role": "developer", "content": "rules"})];
+        for t in 0..12 {
+            input.push(
+                json!({"role": "user", "content": format!("task {t} ") + &"words ".repeat(50)}),
+            );
+            input.push(json!({"type": "reasoning", "id": format!("rs_{t}"), "summary": [], "encrypted_content": "e".repeat(200)}));
+            input.push(json!({"type": "function_call", "call_id": format!("c{t}"), "name": "read", "arguments": "{}"}));
+            input.push(json!({"type": "function_call_output", "call_id": format!("c{t}"), "output": "data ".repeat(80)}));
+        }
+        input.push(json!({"type": "reasoning", "id": "rs_last", "summary": []}));
+        input.push(
+            json!({"role": "assistant", "content": [{"type": "output_text", "text": "done"}]}),
+        );
+        let body = json!({"model": "m", "instructions": "be brief", "input": input}).to_string();
+        let conversation = conversation(&body);
+        let settings = super::super::plan::PlanSettings {
+            triggers: vec![crate::config::ContextSize::Tokens(2_000)],
+            ..super::super::plan::PlanSettings::from_config(&Default::default())
+        };
+        let plan = super::super::plan::plan(
+            &conversation,
+            &settings,
+            &Default::default(),
+            false,
+            &mut super::super::plan::NoCache,
+        );
+        let super::super::plan::Decision::Summarize { layout, .. } = plan.decision else {
+            panic!("expected a summary: {:?}", plan.decision);
+        };
+        assert_eq!(layout.head, 1, "the developer item stays pinned");
+        assert!(layout.cut > 1 && !conversation.messages[layout.cut - 1].binds_next);
+        assert!(validate(conversation.messages[layout.cut..].iter()).is_ok());
+    }
+
+    /// Random agent runs: user turns, each followed by steps that are an answer or a batch of
+    /// parallel calls (outputs in either order, sometimes with a message between), each step
+    /// sometimes preceded by a reasoning item.
+    fn agent_run() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let step = (any::<bool>(), 0usize..4, any::<bool>(), any::<bool>());
+        proptest::collection::vec(proptest::collection::vec(step, 0..4), 1..8).prop_map(|turns| {
+            let mut input = vec![json!({"role": "developer", "content": "rules"})];
+            let mut next_call = 0;
+            for (t, steps) in turns.iter().enumerate() {
+                input.push(json!({"role": "user", "content": format!("turn {t}")}));
+                for &(reasoning, calls, reversed, interleave) in steps {
+                    if reasoning {
+                        input.push(json!({"type": "reasoning", "id": format!("rs_{next_call}_{t}"), "summary": []}));
+                    }
+                    if calls == 0 {
+                        input.push(json!({"role": "assistant", "content": [{"type": "output_text", "text": "answer"}]}));
+                        continue;
+                    }
+                    let ids: Vec<String> = (0..calls).map(|k| format!("call_{}", next_call + k)).collect();
+                    next_call += calls;
+                    for id in &ids {
+                        input.push(json!({"type": "function_call", "call_id": id, "name": "f", "arguments": "{}"}));
+                    }
+                    let mut outputs: Vec<serde_json::Value> = ids
+                        .iter()
+                        .map(|id| json!({"type": "function_call_output", "call_id": id, "output": "ok"}))
+                        .collect();
+                    if reversed {
+                        outputs.reverse();
+                    }
+                    if interleave {
+                        outputs.insert(1, json!({"role": "assistant", "content": "meanwhile"}));
+                    }
+                    input.extend(outputs);
+                }
+            }
+            input.push(json!({"role": "user", "content": "last"}));
+            json!({"model": "m", "input": input}).to_string()
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_valid_cut_leaves_a_list_openai_accepts(body in agent_run()) {
+            let conversation = conversation(&body);
+            let messages = &conversation.messages;
+            let groups = Groups::of(messages);
+            for cut in 1..=messages.len() {
+                if !groups.valid_cut[cut] {
+                    continue;
+                }
+                proptest::prop_assert!(!messages[cut - 1].binds_next, "cut {cut} after reasoning");
+                proptest::prop_assert!(validate(messages[cut..].iter()).is_ok(), "cut {cut}");
+            }
+            let settings = super::super::plan::PlanSettings {
+                triggers: vec![crate::config::ContextSize::Messages(6)],
+                ..super::super::plan::PlanSettings::from_config(&Default::default())
+            };
+            let plan = super::super::plan::plan(
+                &conversation,
+                &settings,
+                &Default::default(),
+                false,
+                &mut super::super::plan::NoCache,
+            );
+            if let super::super::plan::Decision::Summarize { layout, .. } = plan.decision {
+                proptest::prop_assert!(groups.valid_cut[layout.cut]);
+                proptest::prop_assert!(
+                    super::super::structure::validate_layout(messages, &layout).is_ok()
+                );
+                // Kept items are the request's own bytes.
+                for message in &messages[layout.cut..] {
+                    proptest::prop_assert!(body.contains(message.raw.get()));
+                }
+            }
+        }
+    }
+}
