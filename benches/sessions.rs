@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use compactor::compaction::conversation::Api;
 use compactor::compaction::engine::CompactionEngine;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
@@ -92,6 +93,7 @@ async fn session(kind: &str) -> String {
                 Bytes::from(body),
                 "mock",
                 Caller::default(),
+                Api::ChatCompletions,
             )
             .await
         else {

@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use crate::access_log::{LoggedBody, RequestLog};
 use crate::auth::{Auth, AuthFailure, ClientKey};
 use crate::body::{self, ProxyBody, UpstreamBody};
+use crate::compaction::conversation::Api;
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::scope::Caller;
 use crate::config::Config;
@@ -120,8 +121,13 @@ async fn proxy(
     let (parts, incoming) = request.into_parts();
     let key = authenticate(app, &parts.headers)?;
     log.key = key.map(|k| k.name.clone());
-    let is_chat = parts.method == Method::POST && rest == "/chat/completions";
-    let compacting = is_chat && app.compaction.is_some();
+    let api = match rest.as_str() {
+        _ if parts.method != Method::POST => None,
+        "/chat/completions" => Some(Api::ChatCompletions),
+        "/responses" => Some(Api::Responses),
+        _ => None,
+    };
+    let compacting = api.is_some() && app.compaction.is_some();
 
     let bounds = app.bounds;
     let declared = declared_length(&parts.headers);
@@ -171,8 +177,8 @@ async fn proxy(
     let mut compacted = None;
     let body = match inbound {
         Inbound::Streaming(body) => body.boxed_unsync(),
-        Inbound::Buffered(bytes) => match (&app.compaction, compacting) {
-            (Some(engine), true) => {
+        Inbound::Buffered(bytes) => match (&app.compaction, api) {
+            (Some(engine), Some(api)) => {
                 let caller = Caller {
                     key: key.map(|k| k.name.as_str()),
                     may_force: match key {
@@ -181,7 +187,7 @@ async fn proxy(
                     },
                 };
                 let result = engine
-                    .compact(&parts.headers, bytes, &upstream.name, caller)
+                    .compact(&parts.headers, bytes, &upstream.name, caller, api)
                     .await
                     .map_err(|refused| {
                         log.compaction = Some(refused.outcome);

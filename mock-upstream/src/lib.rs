@@ -14,6 +14,10 @@
 //! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
 //!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
 //!
+//! Requests to `/responses` get a Responses `response` object or a typed event stream, and their
+//! `input` is validated as OpenAI does (calls and outputs paired by `call_id`, a reasoning item
+//! followed by the item it produced and carrying `summary`).
+//!
 //! Requests to `/chat/completions` are validated the way OpenAI does (tool messages must answer a
 //! pending call; every call must be answered before the next non-tool message) and get 400 with
 //! OpenAI's error shape otherwise. When the request has `tools` and its last message is not a
@@ -353,7 +357,8 @@ async fn serve_request(
         let body = json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 1_700_000_000, "owned_by": "compactor"}]});
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
     }
-    if !(parts.method == Method::POST && path.ends_with("/chat/completions")) {
+    let responses_api = parts.method == Method::POST && path.ends_with("/responses");
+    if !(parts.method == Method::POST && path.ends_with("/chat/completions") || responses_api) {
         let mut response = full(
             StatusCode::OK,
             "application/json",
@@ -415,7 +420,12 @@ async fn serve_request(
         }
     };
     if options.validate {
-        if let Err((message, param)) = validate_messages(&request) {
+        let checked = if responses_api {
+            validate_items(&request)
+        } else {
+            validate_messages(&request)
+        };
+        if let Err((message, param)) = checked {
             return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
         }
     }
@@ -455,15 +465,27 @@ async fn serve_request(
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let text = match &reply {
+        Reply::Text(text) => text.clone(),
+        Reply::ToolCall { arguments, .. } => arguments.clone(),
+    };
     if !stream {
-        let body = completion_json(&id, &model, &reply, &request);
+        let body = if responses_api {
+            response_json(&id, &model, &text, "completed")
+        } else {
+            completion_json(&id, &model, &reply, &request)
+        };
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
     }
     let include_usage = request
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let events = stream_events(&id, &model, &reply, chunks, include_usage);
+    let events = if responses_api {
+        response_events(&id, &model, &text, chunks)
+    } else {
+        stream_events(&id, &model, &reply, chunks, include_usage)
+    };
     let (sender, channel) = Channel::<Bytes, BoxError>::new(4);
     tokio::spawn(send_events(
         sender,
@@ -710,6 +732,159 @@ fn stream_events(
     }
     events.push(Bytes::from_static(b"data: [DONE]\n\n"));
     events
+}
+
+/// A Responses API `response` object with one assistant message holding `text`.
+fn response_json(id: &str, model: &str, text: &str, status: &str) -> Value {
+    let output = if status == "completed" {
+        json!([response_message(id, text, "completed")])
+    } else {
+        json!([])
+    };
+    json!({
+        "id": format!("resp_{id}"), "object": "response", "created_at": CREATED,
+        "status": status, "error": null, "incomplete_details": null, "instructions": null,
+        "max_output_tokens": null, "model": model, "output": output,
+        "parallel_tool_calls": true, "previous_response_id": null, "reasoning": {"effort": null, "summary": null},
+        "store": false, "temperature": 1.0, "text": {"format": {"type": "text"}},
+        "tool_choice": "auto", "tools": [], "top_p": 1.0, "truncation": "disabled",
+        "usage": if status == "completed" {
+            json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                   "output_tokens": (text.len() / 4).max(1), "output_tokens_details": {"reasoning_tokens": 0},
+                   "total_tokens": 10 + (text.len() / 4).max(1)})
+        } else {
+            Value::Null
+        },
+        "user": null, "metadata": {},
+    })
+}
+
+fn response_message(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "completed" {
+        json!([{"type": "output_text", "text": text, "annotations": []}])
+    } else {
+        json!([])
+    };
+    json!({"type": "message", "id": format!("msg_{id}"), "status": status, "role": "assistant", "content": content})
+}
+
+/// A typed Responses stream (`event: response.created` … `event: response.completed`), the
+/// text in `chunks` deltas.
+fn response_events(id: &str, model: &str, text: &str, chunks: usize) -> Vec<Bytes> {
+    let mut sequence = 0u64;
+    let mut event = |kind: &str, mut data: Value| {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(sequence);
+        sequence += 1;
+        Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+    };
+    let item_id = format!("msg_{id}");
+    let mut events = vec![
+        event(
+            "response.created",
+            json!({"response": response_json(id, model, "", "in_progress")}),
+        ),
+        event(
+            "response.in_progress",
+            json!({"response": response_json(id, model, "", "in_progress")}),
+        ),
+        event(
+            "response.output_item.added",
+            json!({"output_index": 0, "item": response_message(id, "", "in_progress")}),
+        ),
+        event(
+            "response.content_part.added",
+            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ),
+    ];
+    for piece in split_text(text, chunks) {
+        events.push(event("response.output_text.delta", json!({"item_id": item_id, "output_index": 0, "content_index": 0, "delta": piece, "logprobs": []})));
+    }
+    events.push(event("response.output_text.done", json!({"item_id": item_id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []})));
+    events.push(event("response.content_part.done", json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}})));
+    events.push(event(
+        "response.output_item.done",
+        json!({"output_index": 0, "item": response_message(id, text, "completed")}),
+    ));
+    events.push(event(
+        "response.completed",
+        json!({"response": response_json(id, model, text, "completed")}),
+    ));
+    events
+}
+
+/// OpenAI's structural checks on a Responses `input`: every call answered and every output
+/// answering an earlier call (by `call_id`), a reasoning item followed by the item it produced
+/// and carrying its `summary`. Err carries the message and the `param` path.
+pub fn validate_items(request: &Value) -> Result<(), (String, String)> {
+    let Some(items) = request.get("input").and_then(Value::as_array) else {
+        return Ok(());
+    };
+    let kind = |item: &Value| {
+        item.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message")
+            .to_string()
+    };
+    let mut calls: HashMap<String, usize> = HashMap::new();
+    let mut answered: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let call_id = item
+            .get("call_id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        match kind(item).as_str() {
+            "function_call" | "custom_tool_call" => {
+                calls.insert(call_id, i);
+            }
+            "function_call_output" | "custom_tool_call_output" => {
+                if !calls.contains_key(&call_id) {
+                    return Err((
+                        format!(
+                            "No tool call found for function call output with call_id {call_id}."
+                        ),
+                        format!("input[{i}]"),
+                    ));
+                }
+                answered.insert(call_id);
+            }
+            "reasoning" => {
+                if item.get("summary").is_none() {
+                    return Err((
+                        format!("Missing required parameter: 'input[{i}].summary'."),
+                        format!("input[{i}].summary"),
+                    ));
+                }
+                let produced = items.get(i + 1).map(|next| {
+                    let next_kind = kind(next);
+                    let role = next
+                        .get("role")
+                        .and_then(Value::as_str)
+                        .unwrap_or("assistant");
+                    !(next_kind.ends_with("_output")
+                        || next_kind == "reasoning"
+                        || (next_kind == "message" && role != "assistant"))
+                });
+                if produced != Some(true) {
+                    let id = item.get("id").and_then(Value::as_str).unwrap_or("");
+                    return Err((format!("Item '{id}' of type 'reasoning' was provided without its required following item."), "input".into()));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some((call_id, _)) = calls
+        .iter()
+        .filter(|(id, _)| !answered.contains(*id))
+        .min_by_key(|(_, i)| **i)
+    {
+        return Err((
+            format!("No tool output found for function call {call_id}."),
+            "input".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Splits `text` into `parts` pieces on character boundaries (the last ones may be empty when

@@ -31,6 +31,13 @@ impl<'a> Json<'a> {
     }
 }
 
+/// The API a request speaks: it decides how the body is read and how the summary is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    ChatCompletions,
+    Responses,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     System,

@@ -13,11 +13,12 @@ use http::StatusCode;
 use super::budget::SummarizerBudget;
 use super::cache::{CacheKey, ScopedLookup, SummaryCache};
 use super::control::{self, Control};
-use super::conversation::{Conversation, Message};
+use super::conversation::{Api, Conversation, Message};
 use super::digest::hash_parts;
 use super::failure::CompactionFailure;
 use super::offload::{CpuPool, Offloaded};
 use super::plan::{self, CachedSummary, Decision, PlanSettings};
+use super::responses::{self, Parsed};
 use super::rewrite::{summary_message, RewriteError, Splice};
 use super::scope::{fingerprint, Caller, Credentials, Scope};
 use super::single_flight::SingleFlight;
@@ -200,13 +201,15 @@ impl CompactionEngine {
         self.inner.cache.len()
     }
 
-    /// Compacts one chat-completions body from `caller` addressed to `upstream` (by name).
+    /// Compacts one chat-completions or Responses body from `caller` addressed to `upstream`
+    /// (by name).
     pub async fn compact(
         &self,
         headers: &HeaderMap,
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
+        api: Api,
     ) -> Result<Compacted, CompactionRefused> {
         let control = match Control::of(headers) {
             Control::Force if !caller.may_force => Control::Auto,
@@ -218,16 +221,22 @@ impl CompactionEngine {
                 Outcome::uncounted("disabled_by_header"),
             ));
         }
-        if control != Control::Force {
+        // The size bound counts `"role"` literals to bound the message count; Responses items
+        // need not have one, so their bodies always take the full count.
+        if control != Control::Force && api == Api::ChatCompletions {
             let settings = self.inner.settings_for(caller.key).0;
             if provably_under(&body, settings, &self.inner.model_bounds) {
                 let outcome = Outcome::uncounted("under_trigger_by_size");
                 return Ok(Compacted::original(body, outcome));
             }
         }
-        let notice_mode = control::notice_mode(headers, self.inner.config.notice);
+        let notice_mode = match control::notice_mode(headers, self.inner.config.notice) {
+            // A chat-completion chunk means nothing in a typed Responses stream.
+            NoticeMode::Chunk if api == Api::Responses => NoticeMode::Comment,
+            mode => mode,
+        };
         match self
-            .prepare(headers, &body, upstream, caller, control)
+            .prepare(headers, &body, upstream, caller, control, api)
             .await
         {
             Offloaded::Done(Prepared::Forward { outcome }) => {
@@ -260,6 +269,7 @@ impl CompactionEngine {
         upstream: &str,
         caller: Caller<'_>,
         control: Control,
+        api: Api,
     ) -> Offloaded<Prepared> {
         let inner = self.inner.clone();
         let body = body.clone();
@@ -268,7 +278,13 @@ impl CompactionEngine {
         self.inner
             .planner
             .run(body.len(), move || {
-                inner.prepare(&body, &credentials, &upstream, control == Control::Force)
+                inner.prepare(
+                    &body,
+                    &credentials,
+                    &upstream,
+                    control == Control::Force,
+                    api,
+                )
             })
             .await
     }
@@ -495,12 +511,14 @@ impl Inner {
         &self,
         conversation: &Conversation<'_>,
         layout: &Layout,
+        api: Api,
     ) -> Result<Splice, RewriteError> {
         Splice::new(
             conversation,
             layout,
             self.config.summary_role,
             self.config.summary_placement,
+            api,
         )
     }
 
@@ -511,11 +529,24 @@ impl Inner {
         credentials: &Credentials,
         upstream: &str,
         force: bool,
+        api: Api,
     ) -> Prepared {
-        let Ok(conversation) = Conversation::parse(body) else {
-            return Prepared::Forward {
-                outcome: Outcome::skipped(0, "unparsable_body"),
-            };
+        let parsed = match api {
+            Api::ChatCompletions => Conversation::parse(body).map(Parsed::Conversation),
+            Api::Responses => responses::parse(body),
+        };
+        let conversation = match parsed {
+            Ok(Parsed::Conversation(conversation)) => conversation,
+            Ok(Parsed::LeaveAlone(reason)) => {
+                return Prepared::Forward {
+                    outcome: Outcome::skipped(0, reason),
+                }
+            }
+            Err(_) => {
+                return Prepared::Forward {
+                    outcome: Outcome::skipped(0, "unparsable_body"),
+                }
+            }
         };
         let key = match credentials {
             Credentials::Key(name) => Some(name.as_str()),
@@ -557,7 +588,7 @@ impl Inner {
         match plan.decision {
             Decision::PassThrough { reason } => forward(OutcomeKind::Skipped, cache_use, reason),
             Decision::Reuse { layout, summary } => {
-                let Ok(splice) = self.splice(&conversation, &layout) else {
+                let Ok(splice) = self.splice(&conversation, &layout, api) else {
                     return forward(OutcomeKind::Failed, CacheUse::Hit, "rewrite_invalid");
                 };
                 Prepared::Reused {
@@ -588,7 +619,7 @@ impl Inner {
                 if model.is_empty() {
                     return forward(OutcomeKind::Skipped, cache_use, "no_model");
                 }
-                let Ok(splice) = self.splice(&conversation, &layout) else {
+                let Ok(splice) = self.splice(&conversation, &layout, api) else {
                     return forward(OutcomeKind::Failed, cache_use, "rewrite_invalid");
                 };
                 let input = summary_input::select(

@@ -4,8 +4,8 @@
 
 use std::ops::Range;
 
-use super::conversation::Conversation;
 use super::conversation::Role;
+use super::conversation::{Api, Conversation};
 use super::structure::{validate_layout, Layout, ValidationError};
 use crate::config::{SummaryPlacement, SummaryRole};
 
@@ -16,6 +16,16 @@ pub const SUMMARY_PREFIX: &str = "Here is a summary of the conversation to date:
 pub fn summary_message(text: &str, role: SummaryRole) -> String {
     serde_json::json!({"role": role.as_str(), "content": format!("{SUMMARY_PREFIX}{text}")})
         .to_string()
+}
+
+/// The summary as one Responses `message` item: role `user`, one `input_text` part.
+pub fn summary_item(text: &str) -> String {
+    serde_json::json!({
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": format!("{SUMMARY_PREFIX}{text}")}],
+    })
+    .to_string()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +58,7 @@ pub struct Splice {
     tail: Vec<Piece>,
     /// The summary goes into the first tail message (a user message) instead of its own.
     merge_into_first: bool,
+    api: Api,
 }
 
 impl Splice {
@@ -58,6 +69,7 @@ impl Splice {
         layout: &Layout,
         role: SummaryRole,
         placement: SummaryPlacement,
+        api: Api,
     ) -> Result<Splice, RewriteError> {
         if conversation.messages_span.is_empty() {
             return Err(RewriteError::NoMessagesArray);
@@ -78,7 +90,9 @@ impl Splice {
             conversation.messages[i].role == Role::User
                 && !layout.splits.iter().any(|s| s.message == i)
         });
+        // A Responses summary is always an item of its own.
         let merge_into_first = next_is_user
+            && api == Api::ChatCompletions
             && match placement {
                 SummaryPlacement::Separate => false,
                 SummaryPlacement::Merge => true,
@@ -91,6 +105,7 @@ impl Splice {
                 .collect(),
             tail: order.into_iter().map(piece).collect::<Result<_, _>>()?,
             merge_into_first,
+            api,
         })
     }
 
@@ -105,9 +120,10 @@ impl Splice {
             }
             _ => None,
         };
-        let summary_json = match &merged {
-            Some(merged) => merged.clone(),
-            None => summary_message(text, role),
+        let summary_json = match (&merged, self.api) {
+            (Some(merged), _) => merged.clone(),
+            (None, Api::ChatCompletions) => summary_message(text, role),
+            (None, Api::Responses) => summary_item(text),
         };
         let tail = if merged.is_some() {
             &self.tail[1..]
@@ -196,6 +212,7 @@ pub fn rewrite(
         layout,
         SummaryRole::User,
         SummaryPlacement::Separate,
+        Api::ChatCompletions,
     )?;
     Ok(splice.splice(conversation.body, summary_json, &splice.tail))
 }

@@ -570,7 +570,7 @@ fn content_text(message: &Message<'_>) -> String {
                     .unwrap_or_default()
             };
             match part.kind.as_deref().unwrap_or("") {
-                "text" => out.push_str(&text_of(part.text)),
+                "text" | "input_text" | "output_text" => out.push_str(&text_of(part.text)),
                 "refusal" => out.push_str(&text_of(part.refusal)),
                 "image_url" => {
                     let url: Option<serde_json::Value> = part
@@ -587,6 +587,8 @@ fn content_text(message: &Message<'_>) -> String {
                         out.push_str(&format!("[image: {url}]"));
                     }
                 }
+                "input_image" => out.push_str("[image]"),
+                "input_file" => out.push_str("[file]"),
                 "input_audio" => out.push_str("[audio]"),
                 "file" => {
                     let file: Option<serde_json::Value> =
