@@ -1,12 +1,14 @@
 //! The planner alone, on generated agent conversations of 10 KB, 1 MB and 10 MB:
 //! the under-trigger check (the size bound alone, and parse + count), the full plan + rewrite,
-//! and the summarizer's input for a summarize decision.
+//! and the summarizer's input for a summarize decision; the parse + count and plan + rewrite
+//! again for the same agent run as a Responses request.
 
 use std::hint::black_box;
 
 use compactor::compaction::conversation::Conversation;
 use compactor::compaction::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::rewrite::{rewrite, summary_message};
+use compactor::compaction::responses::{self, Parsed};
+use compactor::compaction::rewrite::{rewrite, summary_item, summary_message};
 use compactor::compaction::size_bound::{provably_under, ModelBounds};
 use compactor::compaction::summary_input::{self, InputSettings};
 use compactor::compaction::tokens::{ModelTable, TokenModel};
@@ -45,6 +47,38 @@ fn conversation(target: usize) -> String {
     }
     messages.push(json!({"role": "user", "content": "What next?"}));
     json!({"model": "gpt-4o", "stream": true, "temperature": 0.2, "messages": messages}).to_string()
+}
+
+/// The same agent run as a Responses request: reasoning before each call, calls and outputs as
+/// items, the system prompt as `instructions`.
+fn responses_conversation(target: usize) -> String {
+    let mut items = vec![json!({"role": "developer", "content": "Follow the rules.\n".repeat(20)})];
+    let mut i = 0;
+    let mut size = 0;
+    while size < target || i % 5 != 0 {
+        let item = match i % 5 {
+            0 => {
+                json!({"role": "user", "content": [{"type": "input_text", "text": format!("Step {i}: please look at \"src/main.rs\" and fix the bug.\n你好，世界。")}]})
+            }
+            1 => {
+                json!({"type": "reasoning", "id": format!("rs_{i}"), "summary": [], "encrypted_content": "gAAAAB".repeat(40)})
+            }
+            2 => {
+                json!({"type": "function_call", "call_id": format!("call_{}", i - 2), "name": "read_file", "arguments": format!("{{\"path\":\"/repo/src/file_{i}.rs\"}}")})
+            }
+            3 => {
+                json!({"type": "function_call_output", "call_id": format!("call_{}", i - 3), "output": format!("fn main() {{\n    println!(\"{i}\");\n}}\n").repeat(12)})
+            }
+            _ => {
+                json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": format!("I changed line {i}; the tests pass now. ").repeat(4)}]})
+            }
+        };
+        size += item.to_string().len();
+        items.push(item);
+        i += 1;
+    }
+    items.push(json!({"role": "user", "content": "What next?"}));
+    json!({"model": "gpt-4.1", "stream": true, "instructions": "You are a coding agent.", "input": items}).to_string()
 }
 
 fn settings(trigger: ContextSize) -> PlanSettings {
@@ -87,6 +121,7 @@ fn benches(c: &mut Criterion) {
         );
         let over = settings(ContextSize::Messages(10));
         let summary = summary_message(&"summary text ".repeat(60), SummaryRole::User);
+        let item = summary_item(&"summary text ".repeat(60));
         group.bench_with_input(
             BenchmarkId::new("plan_and_rewrite", label),
             &body,
@@ -99,6 +134,39 @@ fn benches(c: &mut Criterion) {
                         panic!("expected a summarize plan");
                     };
                     black_box(rewrite(&conversation, &layout, &summary).expect("valid"))
+                })
+            },
+        );
+        let responses_body = responses_conversation(size);
+        group.bench_with_input(
+            BenchmarkId::new("responses_under_trigger_check", label),
+            &responses_body,
+            |b, body| {
+                b.iter(|| {
+                    let Ok(Parsed::Conversation(conversation)) =
+                        responses::parse(black_box(body.as_bytes()))
+                    else {
+                        panic!("expected a conversation");
+                    };
+                    black_box(over_trigger(&conversation, &under, &model))
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("responses_plan_and_rewrite", label),
+            &responses_body,
+            |b, body| {
+                b.iter(|| {
+                    let Ok(Parsed::Conversation(conversation)) =
+                        responses::parse(black_box(body.as_bytes()))
+                    else {
+                        panic!("expected a conversation");
+                    };
+                    let plan = plan(&conversation, &over, &model, false, &mut NoCache);
+                    let Decision::Summarize { layout, .. } = plan.decision else {
+                        panic!("expected a summarize plan");
+                    };
+                    black_box(rewrite(&conversation, &layout, &item).expect("valid"))
                 })
             },
         );

@@ -262,7 +262,9 @@ fn random_items(rng: &mut Rng, seed: u64) -> Vec<Value> {
     let mut call = 0;
     for _ in 0..(4 + rng.below(30)) {
         match rng.below(5) {
-            0 => input.push(json!({"role": "user", "content": format!("s{seed} question {}", rng.next())})),
+            0 => input.push(
+                json!({"role": "user", "content": format!("s{seed} question {}", rng.next())}),
+            ),
             1 => {
                 input.push(json!({"type": "reasoning", "id": format!("rs_{seed}_{}", rng.next()), "summary": [], "encrypted_content": "e".repeat(rng.below(200) as usize)}));
                 input.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": format!("s{seed} answer {}", rng.next())}]}));
@@ -282,7 +284,9 @@ fn random_items(rng: &mut Rng, seed: u64) -> Vec<Value> {
                 }
                 for (k, id) in ids.iter().rev().enumerate() {
                     if k == 1 && rng.below(2) == 0 {
-                        input.push(json!({"type": "message", "role": "assistant", "content": "meanwhile"}));
+                        input.push(
+                            json!({"type": "message", "role": "assistant", "content": "meanwhile"}),
+                        );
                     }
                     input.push(json!({"type": "function_call_output", "call_id": id, "output": "x".repeat(rng.below(400) as usize)}));
                 }
@@ -304,7 +308,12 @@ async fn random_tool_heavy_runs_are_always_accepted_upstream() {
     for seed in 0..200 {
         let input = random_items(&mut rng, seed);
         let response = send(&stack, body(&input, json!({}))).await;
-        assert_eq!(response.status, StatusCode::OK, "seed {seed}: {}", response.text());
+        assert_eq!(
+            response.status,
+            StatusCode::OK,
+            "seed {seed}: {}",
+            response.text()
+        );
         if compaction(&response) == "summarized" {
             summarized += 1;
         }
