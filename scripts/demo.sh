@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the mock upstream and compactor in front of it, then shows requests going through:
 # a plain chat, a stream, and a long conversation being compacted (summarized, then reused on
-# the next turn, then re-summarized once it has grown past the trigger again).
+# the next turn, then re-summarized once it has grown past the trigger again), and one agent
+# run in the Responses API compacted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --release --workspace --bins
@@ -56,5 +57,26 @@ for turns in 6 7 9; do
   head -c 400 "$work/reply"
   echo; grep -i '^x-compactor' "$work/headers" || true
 done
+responses_run() { # turns of an agent run in the Responses API: reasoning, a call, its output
+  python3 - "$1" <<'PY'
+import json, sys
+n = int(sys.argv[1])
+items = [{"role": "developer", "content": "Work carefully."}]
+for i in range(n):
+    items.append({"role": "user", "content": [{"type": "input_text", "text": f"Task {i}: read file {i}."}]})
+    items.append({"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "gAAAA..."})
+    items.append({"type": "function_call", "call_id": f"call_{i}", "name": "read_file", "arguments": json.dumps({"path": f"src/{i}.rs"})})
+    items.append({"type": "function_call_output", "call_id": f"call_{i}", "output": f"fn f{i}() {{ /* body */ }}\n" * 60})
+items.append({"role": "user", "content": "What next?"})
+print(json.dumps({"model": "gpt-4.1", "instructions": "Be brief.", "store": False, "input": items}))
+PY
+}
+echo; echo "== a Responses agent run of 22 items (POST /v1/responses, trigger: 12)"
+responses_run 5 > "$work/body.json"
+curl -sS -D "$work/headers" -o "$work/reply" "$proxy/v1/responses" \
+  -H 'content-type: application/json' --data-binary @"$work/body.json"
+head -c 400 "$work/reply"
+echo; grep -i '^x-compactor' "$work/headers" || true
+
 echo; echo "== compactor's log"
 cat "$work/compactor.log"
