@@ -320,3 +320,27 @@ async fn random_tool_heavy_runs_are_always_accepted_upstream() {
     }
     assert!(summarized > 50, "only {summarized} of 200 were compacted");
 }
+
+#[tokio::test]
+async fn a_summarizer_that_speaks_only_responses_is_called_with_it() {
+    let stack = stack_with(&format!(
+        "{DEFAULT_SUMMARIZATION}  summarizer_api: responses\n"
+    ))
+    .await;
+    let response = send(&stack, body(&agent_input(6), json!({}))).await;
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(compaction(&response), "summarized");
+    let call = stack.summarizer.last_request().unwrap();
+    assert_eq!(call.path_and_query, "/v1/responses");
+    let call = call.json();
+    assert_eq!(call["store"], false);
+    assert!(call["input"].as_str().unwrap().contains("task 0"));
+    let summary = stack.upstream.last_request().unwrap().json()["input"][1]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        summary.contains("Summary ") && summary.contains("chars of conversation"),
+        "{summary}"
+    );
+}

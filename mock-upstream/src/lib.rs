@@ -593,10 +593,12 @@ fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, fault: Option<MockF
                 }
                 _ => {}
             }
+            // A chat prompt is its messages' text; a Responses prompt, a string `input`.
             let prompt: String = messages
                 .into_iter()
                 .flatten()
                 .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .chain(request.get("input").and_then(Value::as_str))
                 .collect::<Vec<_>>()
                 .join("\n");
             Reply::Text(format!(

@@ -376,6 +376,7 @@ impl CompactionEngine {
             model: job.model.clone(),
             prompt: String::new(),
             max_tokens: self.inner.config.summary_max_tokens,
+            api: self.inner.config.summarizer_api,
             client_authorization: credential(AUTHORIZATION),
             client_api_key: credential(headers::API_KEY),
         };

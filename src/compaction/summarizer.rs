@@ -1,4 +1,5 @@
-//! The summarizer call: an OpenAI-compatible, non-streaming chat completion made with the
+//! The summarizer call: an OpenAI-compatible, non-streaming chat completion (or Responses
+//! call, `summarizer_api: responses`) made with the
 //! upstream's own pooled client, parsed leniently. Behind a trait so the engine can be driven
 //! without a network.
 
@@ -14,6 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
 
 use crate::body;
+use crate::config::SummarizerApi;
 use crate::routing::Upstreams;
 
 /// One summarizer call.
@@ -23,6 +25,7 @@ pub struct SummaryRequest {
     pub model: String,
     pub prompt: String,
     pub max_tokens: u64,
+    pub api: SummarizerApi,
     /// The client's credentials, used when the upstream has no key of its own.
     pub client_authorization: Option<HeaderValue>,
     pub client_api_key: Option<HeaderValue>,
@@ -80,14 +83,30 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
     let upstream = upstreams
         .by_name(&request.upstream)
         .ok_or_else(|| SummaryError::NoUpstream(request.upstream.clone()))?;
-    let payload = json!({
-        "model": request.model,
-        "messages": [{"role": "user", "content": request.prompt}],
-        "max_tokens": request.max_tokens,
-        "stream": false,
-    });
+    let (path, payload) = match request.api {
+        SummarizerApi::ChatCompletions => (
+            "/chat/completions",
+            json!({
+                "model": request.model,
+                "messages": [{"role": "user", "content": request.prompt}],
+                "max_tokens": request.max_tokens,
+                "stream": false,
+            }),
+        ),
+        // Not stored upstream: the summary is compactor's, not a response the user made.
+        SummarizerApi::Responses => (
+            "/responses",
+            json!({
+                "model": request.model,
+                "input": request.prompt,
+                "max_output_tokens": request.max_tokens,
+                "store": false,
+                "stream": false,
+            }),
+        ),
+    };
     let uri = upstream
-        .url_for("/chat/completions", None)
+        .url_for(path, None)
         .map_err(|e| SummaryError::Transport(e.to_string()))?;
     let mut builder = Request::builder()
         .method(Method::POST)
@@ -122,9 +141,22 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
     extract_text(&bytes).ok_or(SummaryError::Blank)
 }
 
-/// `choices[0].message.content` as a string or as text parts; blank counts as nothing.
+/// `choices[0].message.content` as a string or as text parts, or a Responses reply's
+/// `output_text` parts of its `message` items; blank counts as nothing.
 pub fn extract_text(reply: &[u8]) -> Option<String> {
     let value: Value = serde_json::from_slice(reply).ok()?;
+    if let Some(output) = value.get("output").and_then(Value::as_array) {
+        let text: String = output
+            .iter()
+            .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"))
+            .filter_map(|item| item.get("content").and_then(Value::as_array))
+            .flatten()
+            .filter(|part| part.get("type").and_then(Value::as_str) == Some("output_text"))
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect();
+        let text = text.trim();
+        return (!text.is_empty()).then(|| text.to_string());
+    }
     let content = value.pointer("/choices/0/message/content")?;
     let text = match content {
         Value::String(text) => text.clone(),
@@ -159,5 +191,10 @@ mod tests {
         );
         assert_eq!(extract_text(br#"{"choices":[]}"#), None);
         assert_eq!(extract_text(b"<html>"), None);
+        assert_eq!(
+            extract_text(br#"{"object":"response","output":[{"type":"reasoning","summary":[]},{"type":"message","content":[{"type":"output_text","text":" s "}]}]}"#).as_deref(),
+            Some("s")
+        );
+        assert_eq!(extract_text(br#"{"object":"response","output":[]}"#), None);
     }
 }

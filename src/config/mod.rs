@@ -205,6 +205,16 @@ pub enum Oversize {
     Fold,
 }
 
+/// The API the summarizer upstream is called with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SummarizerApi {
+    /// `POST {base_url}/chat/completions`, the prompt as one user message.
+    ChatCompletions,
+    /// `POST {base_url}/responses`, the prompt as `input`, for upstreams that speak only it.
+    Responses,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SummaryPlacement {
@@ -272,6 +282,8 @@ pub struct SummarizationConfig {
     pub notice: NoticeMode,
     /// How an over-budget summarizer input is handled.
     pub oversize: Oversize,
+    /// The API the summarizer upstream is called with.
+    pub summarizer_api: SummarizerApi,
     /// Summarizer calls running at once, across all clients; past it compaction fails open.
     pub max_concurrent_calls: u64,
     /// Summarizer calls running at once for one tenant.
@@ -444,6 +456,7 @@ impl Default for SummarizationConfig {
             fail_mode: FailMode::Open,
             notice: NoticeMode::Comment,
             oversize: Oversize::Fold,
+            summarizer_api: SummarizerApi::ChatCompletions,
             max_concurrent_calls: 16,
             max_concurrent_calls_per_tenant: 2,
             max_calls_per_minute_per_tenant: 30,
