@@ -100,3 +100,80 @@ async fn async_openai_tool_call_round_trip() {
     );
     assert_eq!(mock.chat_calls(), 2);
 }
+
+/// compactor with compaction on in front of `upstream`, summaries from a second mock.
+async fn compacting_client(
+    upstream: &mock_upstream::MockHandle,
+) -> (mock_upstream::MockHandle, Proxy, Client<OpenAIConfig>) {
+    compactor::server::install_crypto_provider();
+    let summarizer = mock(MockOptions {
+        mode: mock_upstream::MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let extra = format!(
+        "  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: messages, value: 10}}]\n  keep: {{type: messages, value: 3}}\n",
+        summarizer.base_url()
+    );
+    let proxy = proxy(&config_for(upstream, &extra)).await;
+    let config = OpenAIConfig::new()
+        .with_api_base(proxy.base_url())
+        .with_api_key("sk-test");
+    (summarizer, proxy, Client::with_config(config))
+}
+
+fn agent_run() -> serde_json::Value {
+    let mut input =
+        vec![json!({"type": "message", "role": "developer", "content": "Work carefully."})];
+    for i in 0..4 {
+        input.push(json!({"type": "message", "role": "user", "content": format!("task {i}")}));
+        input.push(json!({"type": "function_call", "call_id": format!("call_{i}"), "name": "read", "arguments": "{}"}));
+        input.push(json!({"type": "function_call_output", "call_id": format!("call_{i}"), "output": "contents ".repeat(30)}));
+        input.push(json!({"type": "message", "id": format!("msg_{i}"), "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": format!("done {i}"), "annotations": []}]}));
+    }
+    input.push(json!({"type": "message", "role": "user", "content": "and now?"}));
+    json!({"model": "gpt-4.1", "input": input})
+}
+
+#[tokio::test]
+async fn async_openai_responses_are_compacted() {
+    let upstream = mock(MockOptions::default()).await;
+    let (summarizer, _proxy, client) = compacting_client(&upstream).await;
+    let request: async_openai::types::responses::CreateResponse =
+        serde_json::from_value(agent_run()).expect("valid request");
+    let response = client
+        .responses()
+        .create(request)
+        .await
+        .expect("response parses");
+    assert_eq!(
+        response.output_text().as_deref(),
+        Some("Hello from the mock upstream.")
+    );
+    assert_eq!(summarizer.chat_calls(), 1);
+    let forwarded = upstream.last_request().expect("seen").json();
+    assert_eq!(forwarded["input"][1]["content"][0]["type"], "input_text");
+
+    let mut request: async_openai::types::responses::CreateResponse =
+        serde_json::from_value(agent_run()).expect("valid request");
+    request.stream = Some(true);
+    let mut stream = client
+        .responses()
+        .create_stream(request)
+        .await
+        .expect("stream opens");
+    let mut text = String::new();
+    while let Some(event) = tokio::time::timeout(BOUND, stream.next())
+        .await
+        .expect("bounded")
+    {
+        if let async_openai::types::responses::ResponseStreamEvent::ResponseOutputTextDelta(delta) =
+            event.expect("every event parses")
+        {
+            text.push_str(&delta.delta);
+        }
+    }
+    assert_eq!(text, "Hello from the mock upstream.");
+    // The same conversation again: the summary is reused, no second call.
+    assert_eq!(summarizer.chat_calls(), 1);
+}

@@ -213,6 +213,25 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
             Some(raw),
             true,
         ),
+        // A kind this version does not know that names a call: its output answers it, so
+        // the two stay one group as known calls do.
+        other if item.call_id.is_some() => {
+            let id = required(item.call_id, "call_id")?;
+            if other.ends_with("_output") {
+                Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
+            } else {
+                let name = Cow::Owned(other.to_string());
+                Message::from_item(
+                    raw,
+                    assistant,
+                    None,
+                    call(id, name, None),
+                    None,
+                    Some(raw),
+                    false,
+                )
+            }
+        }
         // Self-contained items (web and file search, image generation, code interpreter, MCP
         // calls with their output, compaction) and kinds this version does not know.
         other => Message::from_item(
@@ -345,6 +364,21 @@ mod tests {
         assert!(conversation.messages[1].tokens(&model) >= 1_000);
         assert!(conversation.messages[1].opaque.is_some());
         assert!(conversation.messages[1].content.is_none());
+    }
+
+    #[test]
+    fn an_unknown_call_and_its_output_are_kept_together() {
+        let body = json!({"model": "m", "input": [
+            {"role": "user", "content": "q"},
+            {"type": "program", "call_id": "p1", "code": "x"},
+            {"type": "program_output", "call_id": "p1", "output": "y"},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+            {"role": "user", "content": "next"},
+        ]})
+        .to_string();
+        let conversation = conversation(&body);
+        let groups = Groups::of(&conversation.messages);
+        assert_eq!(groups.valid_cut, [true, true, false, true, true, true]);
     }
 
     #[test]
