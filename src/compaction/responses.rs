@@ -295,6 +295,12 @@ mod tests {
             ),
             "item_reference"
         );
+        assert_eq!(
+            left_alone(
+                json!({"model": "m", "input": [{"role": "user", "content": "q"}, {"type": "compaction_trigger"}]})
+            ),
+            "compaction_trigger"
+        );
         // An explicit null is absent.
         let body = json!({"model": "m", "input": input, "previous_response_id": null}).to_string();
         assert!(matches!(
@@ -430,6 +436,63 @@ mod tests {
         assert_eq!(layout.head, 1, "the developer item stays pinned");
         assert!(layout.cut > 1 && !conversation.messages[layout.cut - 1].binds_next);
         assert!(validate(conversation.messages[layout.cut..].iter()).is_ok());
+    }
+
+    #[test]
+    fn with_instructions_only_the_summary_is_the_first_item_and_instructions_stay() {
+        let mut input = Vec::new();
+        for t in 0..12 {
+            input.push(
+                json!({"role": "user", "content": format!("task {t} ") + &"words ".repeat(60)}),
+            );
+            input.push(json!({"role": "assistant", "content": [{"type": "output_text", "text": "ok ".repeat(60)}]}));
+        }
+        input.push(json!({"role": "user", "content": "next"}));
+        let instructions = "Be brief. ".repeat(100);
+        let body = json!({"model": "m", "instructions": instructions, "input": input}).to_string();
+        let conversation = conversation(&body);
+        let model = Default::default();
+        // The instructions are sent with every request, so they count.
+        assert!(conversation.schema_tokens(&model) >= 200);
+        let settings = super::super::plan::PlanSettings {
+            triggers: vec![crate::config::ContextSize::Tokens(1_500)],
+            ..super::super::plan::PlanSettings::from_config(&Default::default())
+        };
+        let plan = super::super::plan::plan(
+            &conversation,
+            &settings,
+            &model,
+            false,
+            &mut super::super::plan::NoCache,
+        );
+        let super::super::plan::Decision::Summarize { layout, .. } = plan.decision else {
+            panic!("expected a summary: {:?}", plan.decision);
+        };
+        assert_eq!(layout.head, 0);
+        let splice = super::super::rewrite::Splice::new(
+            &conversation,
+            &layout,
+            crate::config::SummaryRole::User,
+            crate::config::SummaryPlacement::Auto,
+            super::super::conversation::Api::Responses,
+        )
+        .unwrap();
+        let out: serde_json::Value = serde_json::from_slice(&splice.apply(
+            body.as_bytes(),
+            "S",
+            crate::config::SummaryRole::User,
+        ))
+        .unwrap();
+        assert_eq!(out["instructions"], json!(instructions));
+        assert_eq!(out["input"][0]["type"], "message");
+        assert_eq!(out["input"][0]["role"], "user");
+        assert_eq!(
+            out["input"][0]["content"][0],
+            json!({"type": "input_text", "text": "Here is a summary of the conversation to date:\n\nS"})
+        );
+        // An item of its own, never merged into the user item that follows (placement auto).
+        let kept = conversation.messages.len() - layout.cut + layout.excluded.len();
+        assert_eq!(out["input"].as_array().unwrap().len(), kept + 1);
     }
 
     /// Random agent runs: user turns, each followed by steps that are an answer or a batch of
