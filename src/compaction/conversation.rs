@@ -351,7 +351,7 @@ impl<'a> Conversation<'a> {
 }
 
 /// Byte offset of `inner` (a subslice of `outer`) within `outer`.
-fn offset_in(outer: &str, inner: &str) -> usize {
+pub(super) fn offset_in(outer: &str, inner: &str) -> usize {
     (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize)
 }
 
@@ -392,7 +392,11 @@ fn skip_ws_back(bytes: &[u8], mut end: usize) -> usize {
 /// The byte range of the object whose first member's value starts at `first` and whose last
 /// member's value ends at `last_end`, in text serde has already validated: back over
 /// `"key" :` to the `{`, forward over whitespace to the `}`.
-fn object_span(text: &str, first: usize, last_end: usize) -> Option<std::ops::Range<usize>> {
+pub(super) fn object_span(
+    text: &str,
+    first: usize,
+    last_end: usize,
+) -> Option<std::ops::Range<usize>> {
     let bytes = text.as_bytes();
     let mut i = skip_ws_back(bytes, first);
     if i == 0 || bytes[i - 1] != b':' {
@@ -575,7 +579,7 @@ pub(crate) struct PartView<'a> {
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.
-fn string_value(raw: &str) -> Option<Cow<'_, str>> {
+pub(super) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
     if !raw.starts_with('"') {
         return None;
     }

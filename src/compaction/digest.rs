@@ -79,8 +79,12 @@ fn write_fields(message: &Message<'_>, hasher: &mut Sha256, scratch: &mut Vec<u8
     if let Some(id) = &message.tool_call_id {
         field(hasher, b"tool_call_id", id.as_bytes());
     }
+    // Opaque items (reasoning with its encrypted content, built-in tool items) come back from
+    // the provider and are resent as received: their bytes are hashed as they are, since a
+    // canonical form would parse and re-serialize the largest items of the request. A client
+    // that re-formats them only costs itself a cache miss.
     if let Some(opaque) = message.opaque {
-        field(hasher, b"opaque", &json_meaning(opaque.get(), scratch));
+        field(hasher, b"opaque", opaque.get().as_bytes());
     }
 }
 

@@ -16,7 +16,9 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::conversation::{Conversation, Message, ParseError, ToolCall};
+use super::conversation::{
+    object_span, offset_in, string_value, Conversation, Message, ParseError, ToolCall,
+};
 
 /// A Responses request: a conversation to plan, or the reason it is forwarded as is.
 #[derive(Debug)]
@@ -30,7 +32,7 @@ struct RequestView<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
+    input: Option<Input<'a>>,
     #[serde(borrow, default)]
     instructions: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -45,29 +47,137 @@ struct RequestView<'a> {
     context_management: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
-struct ItemView<'a> {
-    #[serde(borrow, default, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    call_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    arguments: Option<&'a RawValue>,
+/// `input`: a string, or the items, read in the same serde pass as the rest of the body.
+enum Input<'a> {
+    Text,
+    Items(Vec<ItemFields<'a>>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct InputVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for InputVisitor<'a> {
+            type Value = Input<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of items")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Input<'a>, E> {
+                Ok(Input::Text)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Input<'a>, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(item) = seq.next_element::<ItemFields<'a>>()? {
+                    items.push(item);
+                }
+                Ok(Input::Items(items))
+            }
+        }
+        deserializer.deserialize_any(InputVisitor(std::marker::PhantomData))
+    }
+}
+
+/// The members of one item that planning reads, as raw slices of the body; `first` and `last`
+/// locate the object's braces.
+#[derive(Default)]
+struct ItemFields<'a> {
+    kind: Option<&'a str>,
+    role: Option<&'a str>,
+    content: Option<&'a str>,
+    id: Option<&'a str>,
+    call_id: Option<&'a str>,
+    name: Option<&'a str>,
+    arguments: Option<&'a str>,
     /// A custom tool call's free-form input.
-    #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    output: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    input: Option<&'a str>,
+    output: Option<&'a str>,
+    approval_request_id: Option<&'a str>,
+    first: &'a str,
+    last: &'a str,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ItemFields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ItemVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for ItemVisitor<'a> {
+            type Value = ItemFields<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an input item object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ItemFields<'a>, A::Error> {
+                let mut fields = ItemFields::default();
+                let mut seen_any = false;
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    // Every value is taken raw, unknown members too, so the last one's end is
+                    // known and the item's bytes can be located.
+                    let value: &'de RawValue = map.next_value()?;
+                    let value = value.get();
+                    if !seen_any {
+                        fields.first = value;
+                        seen_any = true;
+                    }
+                    fields.last = value;
+                    let slot = match key.as_ref() {
+                        "type" => &mut fields.kind,
+                        "role" => &mut fields.role,
+                        "content" => &mut fields.content,
+                        "id" => &mut fields.id,
+                        "call_id" => &mut fields.call_id,
+                        "name" => &mut fields.name,
+                        "arguments" => &mut fields.arguments,
+                        "input" => &mut fields.input,
+                        "output" => &mut fields.output,
+                        "approval_request_id" => &mut fields.approval_request_id,
+                        _ => continue,
+                    };
+                    *slot = Some(value);
+                }
+                if !seen_any {
+                    return Err(serde::de::Error::custom("an item has no members"));
+                }
+                Ok(fields)
+            }
+        }
+        deserializer.deserialize_map(ItemVisitor(std::marker::PhantomData))
+    }
+}
+
+/// An item's fields as planning reads them: strings decoded, absent or null as None.
+struct ItemView<'a> {
+    kind: Option<Cow<'a, str>>,
+    role: Option<Cow<'a, str>>,
+    content: Option<&'a str>,
+    id: Option<Cow<'a, str>>,
+    call_id: Option<Cow<'a, str>>,
+    name: Option<Cow<'a, str>>,
+    arguments: Option<&'a str>,
+    input: Option<&'a str>,
+    output: Option<&'a str>,
     approval_request_id: Option<Cow<'a, str>>,
+}
+
+impl<'a> ItemView<'a> {
+    fn of(fields: &ItemFields<'a>) -> ItemView<'a> {
+        let text = |raw: Option<&'a str>| raw.and_then(string_value);
+        let value = |raw: Option<&'a str>| raw.filter(|raw| *raw != "null");
+        ItemView {
+            kind: text(fields.kind),
+            role: text(fields.role),
+            content: value(fields.content),
+            id: text(fields.id),
+            call_id: text(fields.call_id),
+            name: text(fields.name),
+            arguments: value(fields.arguments),
+            input: value(fields.input),
+            output: value(fields.output),
+            approval_request_id: text(fields.approval_request_id),
+        }
+    }
 }
 
 fn present(raw: Option<&RawValue>) -> bool {
@@ -87,16 +197,18 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     if present(view.context_management) {
         return Ok(Parsed::LeaveAlone("context_management"));
     }
-    let Some(input) = view.input.filter(|raw| raw.get().starts_with('[')) else {
-        return Ok(Parsed::LeaveAlone("string_input"));
+    let items = match view.input {
+        Some(Input::Items(items)) => items,
+        Some(Input::Text) => return Ok(Parsed::LeaveAlone("string_input")),
+        None => return Ok(Parsed::LeaveAlone("no_input")),
     };
-    let items: Vec<&RawValue> =
-        serde_json::from_str(input.get()).map_err(|e| ParseError::NotChat(e.to_string()))?;
     let mut messages = Vec::with_capacity(items.len());
-    for (i, raw) in items.into_iter().enumerate() {
-        let item: ItemView<'_> = serde_json::from_str(raw.get())
-            .map_err(|e| ParseError::BadMessage(i, e.to_string()))?;
-        match item_message(raw.get(), item) {
+    for (i, fields) in items.iter().enumerate() {
+        let first = offset_in(text, fields.first);
+        let last_end = offset_in(text, fields.last) + fields.last.len();
+        let span = object_span(text, first, last_end)
+            .ok_or_else(|| ParseError::BadMessage(i, "cannot locate the item".into()))?;
+        match item_message(&text[span], ItemView::of(fields)) {
             Ok(message) => messages.push(message),
             Err(Unplannable::LeaveAlone(reason)) => return Ok(Parsed::LeaveAlone(reason)),
             Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
@@ -118,11 +230,11 @@ enum Unplannable {
 }
 
 fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unplannable> {
-    let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Option<&'a RawValue>| {
+    let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Option<&'a str>| {
         vec![ToolCall {
             id,
             name,
-            arguments_raw: arguments.map(|raw| super::conversation::Json::of(raw.get())),
+            arguments_raw: arguments.map(super::conversation::Json::of),
         }]
     };
     let required = |value: Option<Cow<'a, str>>, what: &str| {
@@ -131,19 +243,11 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
     let kind = item.kind.as_deref().unwrap_or("message");
     let assistant = Cow::Borrowed("assistant");
     let tool = Cow::Borrowed("tool");
-    let output = item.output.map(RawValue::get);
+    let output = item.output;
     Ok(match kind {
         "message" => {
             let role = required(item.role, "role")?;
-            Message::from_item(
-                raw,
-                role,
-                item.content.map(RawValue::get),
-                Vec::new(),
-                None,
-                None,
-                false,
-            )
+            Message::from_item(raw, role, item.content, Vec::new(), None, None, false)
         }
         "function_call" | "custom_tool_call" => {
             let id = required(item.call_id, "call_id")?;
