@@ -127,6 +127,8 @@ async fn a_long_agent_run_is_summarized_and_the_next_turn_reuses_the_summary() {
         prompt.contains("task 0") && !prompt.contains("enc0"),
         "{prompt}"
     );
+    assert!(!prompt.contains("role=\"reasoning\""), "{prompt}");
+    assert!(prompt.contains("→ calls read_file("), "{prompt}");
 
     let mut next = input.clone();
     next.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "here", "annotations": []}]}));

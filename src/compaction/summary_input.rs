@@ -113,6 +113,13 @@ impl<'a, 'c> Transcript<'a, 'c> {
                 let message = conversation.messages.get(i)?;
                 Some((message, message_tokens.get(i).copied().unwrap_or(0)))
             })
+            // An opaque item with nothing readable (a reasoning item, a search call) would be an
+            // empty block: it is neither shown nor counted as evicted.
+            .filter(|(message, _)| {
+                message.opaque.is_none()
+                    || message.content.is_some()
+                    || !message.tool_calls.is_empty()
+            })
             .unzip::<_, _, Vec<_>, Vec<_>>();
         let blocks = messages.iter().map(|_| None).collect();
         Transcript {
