@@ -81,6 +81,13 @@ fn responses_conversation(target: usize) -> String {
     json!({"model": "gpt-4.1", "stream": true, "instructions": "You are a coding agent.", "input": items}).to_string()
 }
 
+fn parse_responses(body: &[u8]) -> Conversation<'_> {
+    match responses::parse(body) {
+        Ok(Parsed::Conversation(conversation)) => conversation,
+        _ => panic!("expected a conversation"),
+    }
+}
+
 fn settings(trigger: ContextSize) -> PlanSettings {
     PlanSettings {
         triggers: vec![trigger],
@@ -143,11 +150,7 @@ fn benches(c: &mut Criterion) {
             &responses_body,
             |b, body| {
                 b.iter(|| {
-                    let Ok(Parsed::Conversation(conversation)) =
-                        responses::parse(black_box(body.as_bytes()))
-                    else {
-                        panic!("expected a conversation");
-                    };
+                    let conversation = parse_responses(black_box(body.as_bytes()));
                     black_box(over_trigger(&conversation, &under, &model))
                 })
             },
@@ -157,11 +160,7 @@ fn benches(c: &mut Criterion) {
             &responses_body,
             |b, body| {
                 b.iter(|| {
-                    let Ok(Parsed::Conversation(conversation)) =
-                        responses::parse(black_box(body.as_bytes()))
-                    else {
-                        panic!("expected a conversation");
-                    };
+                    let conversation = parse_responses(black_box(body.as_bytes()));
                     let plan = plan(&conversation, &over, &model, false, &mut NoCache);
                     let Decision::Summarize { layout, .. } = plan.decision else {
                         panic!("expected a summarize plan");

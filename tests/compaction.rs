@@ -484,21 +484,6 @@ fn reqwest_client_with_notice(mode: &str) -> reqwest::Client {
         .expect("client")
 }
 
-/// A tiny deterministic generator, so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn random_agent_conversation(rng: &mut Rng, seed: u64) -> Vec<Value> {
     let mut messages = vec![json!({"role": "system", "content": "agent"})];
     let mut call = 0;

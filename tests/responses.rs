@@ -242,21 +242,6 @@ async fn a_compacted_stream_starts_with_the_notice_and_keeps_its_typed_events() 
     }
 }
 
-/// A tiny deterministic generator, so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Random agent steps: user turns, answers, reasoning before calls or answers, parallel calls
 /// whose outputs come in any order with an answer between them, skill reads.
 fn random_items(rng: &mut Rng, seed: u64) -> Vec<Value> {

@@ -98,39 +98,49 @@ struct MessageFields<'a> {
     last: &'a str,
 }
 
-enum Field {
-    Role,
-    Name,
-    Content,
-    Refusal,
-    ToolCalls,
-    FunctionCall,
-    ToolCallId,
-    Other,
+/// Reads one JSON object's members with every value taken raw (a slice of the body, unknown
+/// members too), handing each key and value to `member`; returns the first and the last value,
+/// which locate the object's braces ([`object_span`]). None for an empty object.
+pub(super) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
+    map: &mut A,
+    mut member: impl FnMut(&str, &'de str),
+) -> Result<Option<(&'de str, &'de str)>, A::Error> {
+    let mut ends: Option<(&'de str, &'de str)> = None;
+    while let Some(MemberKey(key)) = map.next_key::<MemberKey<'de>>()? {
+        let value: &'de RawValue = map.next_value()?;
+        let value = value.get();
+        ends = Some(match ends {
+            None => (value, value),
+            Some((first, _)) => (first, value),
+        });
+        member(&key, value);
+    }
+    Ok(ends)
 }
 
-impl<'de> Deserialize<'de> for Field {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Field, D::Error> {
-        struct FieldVisitor;
-        impl serde::de::Visitor<'_> for FieldVisitor {
-            type Value = Field;
+/// A member name borrowed from the body unless it has escapes (serde's own `Cow<str>` always
+/// copies, which cost a third of the parse).
+struct MemberKey<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for MemberKey<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+            type Value = MemberKey<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a message member name")
+                f.write_str("a member name")
             }
-            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Field, E> {
-                Ok(match key {
-                    "role" => Field::Role,
-                    "name" => Field::Name,
-                    "content" => Field::Content,
-                    "refusal" => Field::Refusal,
-                    "tool_calls" => Field::ToolCalls,
-                    "function_call" => Field::FunctionCall,
-                    "tool_call_id" => Field::ToolCallId,
-                    _ => Field::Other,
-                })
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                key: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(MemberKey(Cow::Borrowed(key)))
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+                Ok(MemberKey(Cow::Owned(key.to_string())))
             }
         }
-        deserializer.deserialize_identifier(FieldVisitor)
+        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
@@ -157,31 +167,24 @@ impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
                     first: "",
                     last: "",
                 };
-                let mut seen_any = false;
-                while let Some(field) = map.next_key::<Field>()? {
-                    // Every value is taken raw (a slice of the body): unknown members too, so
-                    // the last one's end is known and the object's bytes can be located.
-                    let value: &'de RawValue = map.next_value()?;
-                    let value = value.get();
-                    if !seen_any {
-                        fields.first = value;
-                        seen_any = true;
-                    }
-                    fields.last = value;
-                    let slot = match field {
-                        Field::Role => &mut fields.role,
-                        Field::Name => &mut fields.name,
-                        Field::Content => &mut fields.content,
-                        Field::Refusal => &mut fields.refusal,
-                        Field::ToolCalls => &mut fields.tool_calls,
-                        Field::FunctionCall => &mut fields.function_call,
-                        Field::ToolCallId => &mut fields.tool_call_id,
-                        Field::Other => continue,
+                let ends = raw_members(&mut map, |key, value| {
+                    let slot = match key {
+                        "role" => &mut fields.role,
+                        "name" => &mut fields.name,
+                        "content" => &mut fields.content,
+                        "refusal" => &mut fields.refusal,
+                        "tool_calls" => &mut fields.tool_calls,
+                        "function_call" => &mut fields.function_call,
+                        "tool_call_id" => &mut fields.tool_call_id,
+                        _ => return,
                     };
                     *slot = Some(value);
-                }
+                })?;
                 if fields.role.is_none() {
                     return Err(serde::de::Error::missing_field("role"));
+                }
+                if let Some((first, last)) = ends {
+                    (fields.first, fields.last) = (first, last);
                 }
                 Ok(fields)
             }

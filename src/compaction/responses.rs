@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::conversation::{
-    object_span, offset_in, string_value, Conversation, Message, ParseError, ToolCall,
+    object_span, offset_in, raw_members, string_value, Conversation, Message, ParseError, ToolCall,
 };
 
 /// A Responses request: a conversation to plan, or the reason it is forwarded as is.
@@ -111,18 +111,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for ItemFields<'a> {
                 mut map: A,
             ) -> Result<ItemFields<'a>, A::Error> {
                 let mut fields = ItemFields::default();
-                let mut seen_any = false;
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    // Every value is taken raw, unknown members too, so the last one's end is
-                    // known and the item's bytes can be located.
-                    let value: &'de RawValue = map.next_value()?;
-                    let value = value.get();
-                    if !seen_any {
-                        fields.first = value;
-                        seen_any = true;
-                    }
-                    fields.last = value;
-                    let slot = match key.as_ref() {
+                let ends = raw_members(&mut map, |key, value| {
+                    let slot = match key {
                         "type" => &mut fields.kind,
                         "role" => &mut fields.role,
                         "content" => &mut fields.content,
@@ -133,13 +123,14 @@ impl<'de: 'a, 'a> Deserialize<'de> for ItemFields<'a> {
                         "input" => &mut fields.input,
                         "output" => &mut fields.output,
                         "approval_request_id" => &mut fields.approval_request_id,
-                        _ => continue,
+                        _ => return,
                     };
                     *slot = Some(value);
-                }
-                if !seen_any {
+                })?;
+                let Some((first, last)) = ends else {
                     return Err(serde::de::Error::custom("an item has no members"));
-                }
+                };
+                (fields.first, fields.last) = (first, last);
                 Ok(fields)
             }
         }
@@ -364,6 +355,23 @@ mod tests {
         }
     }
 
+    fn plan_of(
+        conversation: &Conversation<'_>,
+        trigger: crate::config::ContextSize,
+    ) -> super::super::plan::Plan {
+        let settings = super::super::plan::PlanSettings {
+            triggers: vec![trigger],
+            ..super::super::plan::PlanSettings::from_config(&Default::default())
+        };
+        super::super::plan::plan(
+            conversation,
+            &settings,
+            &Default::default(),
+            false,
+            &mut super::super::plan::NoCache,
+        )
+    }
+
     fn left_alone(body: serde_json::Value) -> &'static str {
         let text = body.to_string();
         match parse(text.as_bytes()).unwrap() {
@@ -523,17 +531,7 @@ mod tests {
         );
         let body = json!({"model": "m", "instructions": "be brief", "input": input}).to_string();
         let conversation = conversation(&body);
-        let settings = super::super::plan::PlanSettings {
-            triggers: vec![crate::config::ContextSize::Tokens(2_000)],
-            ..super::super::plan::PlanSettings::from_config(&Default::default())
-        };
-        let plan = super::super::plan::plan(
-            &conversation,
-            &settings,
-            &Default::default(),
-            false,
-            &mut super::super::plan::NoCache,
-        );
+        let plan = plan_of(&conversation, crate::config::ContextSize::Tokens(2_000));
         let super::super::plan::Decision::Summarize { layout, .. } = plan.decision else {
             panic!("expected a summary: {:?}", plan.decision);
         };
@@ -558,17 +556,7 @@ mod tests {
         let model = Default::default();
         // The instructions are sent with every request, so they count.
         assert!(conversation.schema_tokens(&model) >= 200);
-        let settings = super::super::plan::PlanSettings {
-            triggers: vec![crate::config::ContextSize::Tokens(1_500)],
-            ..super::super::plan::PlanSettings::from_config(&Default::default())
-        };
-        let plan = super::super::plan::plan(
-            &conversation,
-            &settings,
-            &model,
-            false,
-            &mut super::super::plan::NoCache,
-        );
+        let plan = plan_of(&conversation, crate::config::ContextSize::Tokens(1_500));
         let super::super::plan::Decision::Summarize { layout, .. } = plan.decision else {
             panic!("expected a summary: {:?}", plan.decision);
         };
@@ -654,17 +642,7 @@ mod tests {
                 proptest::prop_assert!(!messages[cut - 1].binds_next, "cut {cut} after reasoning");
                 proptest::prop_assert!(validate(messages[cut..].iter()).is_ok(), "cut {cut}");
             }
-            let settings = super::super::plan::PlanSettings {
-                triggers: vec![crate::config::ContextSize::Messages(6)],
-                ..super::super::plan::PlanSettings::from_config(&Default::default())
-            };
-            let plan = super::super::plan::plan(
-                &conversation,
-                &settings,
-                &Default::default(),
-                false,
-                &mut super::super::plan::NoCache,
-            );
+            let plan = plan_of(&conversation, crate::config::ContextSize::Messages(6));
             if let super::super::plan::Decision::Summarize { layout, .. } = plan.decision {
                 proptest::prop_assert!(groups.valid_cut[layout.cut]);
                 proptest::prop_assert!(

@@ -247,3 +247,20 @@ pub fn outcome(response: &Collected) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// A tiny deterministic generator, so failures reproduce.
+pub struct Rng(pub u64);
+
+impl Rng {
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
