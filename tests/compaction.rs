@@ -7,34 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
+use mock_upstream::{MockFault, MockHandle, MockOptions};
 use serde_json::{json, Value};
-
-struct Stack {
-    upstream: MockHandle,
-    summarizer: MockHandle,
-    proxy: Proxy,
-}
-
-async fn stack_with(summarization: &str, summarizer_options: MockOptions) -> Stack {
-    let upstream = echo_mock().await;
-    let summarizer = mock(MockOptions {
-        mode: MockMode::Summarizer,
-        ..summarizer_options
-    })
-    .await;
-    let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n{summarization}",
-        upstream.base_url(),
-        summarizer.base_url()
-    );
-    let proxy = proxy(&yaml).await;
-    Stack {
-        upstream,
-        summarizer,
-        proxy,
-    }
-}
 
 const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n  timeout_secs: 10\n  allow_force: true\n";
 

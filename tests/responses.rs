@@ -5,40 +5,14 @@ mod common;
 
 use common::*;
 use http::StatusCode;
-use mock_upstream::{MockHandle, MockMode, MockOptions};
+use mock_upstream::MockOptions;
 use serde_json::{json, Value};
-
-struct Stack {
-    upstream: MockHandle,
-    summarizer: MockHandle,
-    proxy: Proxy,
-}
 
 const DEFAULT_SUMMARIZATION: &str =
     "  trigger: [{type: messages, value: 20}]\n  keep: {type: messages, value: 6}\n  timeout_secs: 10\n";
 
 async fn stack() -> Stack {
-    stack_with(DEFAULT_SUMMARIZATION).await
-}
-
-async fn stack_with(summarization: &str) -> Stack {
-    let upstream = echo_mock().await;
-    let summarizer = mock(MockOptions {
-        mode: MockMode::Summarizer,
-        ..MockOptions::default()
-    })
-    .await;
-    let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n{summarization}",
-        upstream.base_url(),
-        summarizer.base_url()
-    );
-    let proxy = proxy(&yaml).await;
-    Stack {
-        upstream,
-        summarizer,
-        proxy,
-    }
+    stack_with(DEFAULT_SUMMARIZATION, MockOptions::default()).await
 }
 
 /// An agent run: a developer item, then turns of user, reasoning, a call, its output and an
@@ -288,6 +262,7 @@ fn random_items(rng: &mut Rng, seed: u64) -> Vec<Value> {
 async fn random_tool_heavy_runs_are_always_accepted_upstream() {
     let stack = stack_with(
         "  trigger: [{type: messages, value: 10}, {type: tokens, value: 1500}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 2\n  max_calls_per_minute_per_tenant: 1000\n",
+        MockOptions::default(),
     )
     .await;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -310,9 +285,10 @@ async fn random_tool_heavy_runs_are_always_accepted_upstream() {
 
 #[tokio::test]
 async fn a_summarizer_that_speaks_only_responses_is_called_with_it() {
-    let stack = stack_with(&format!(
-        "{DEFAULT_SUMMARIZATION}  summarizer_api: responses\n"
-    ))
+    let stack = stack_with(
+        &format!("{DEFAULT_SUMMARIZATION}  summarizer_api: responses\n"),
+        MockOptions::default(),
+    )
     .await;
     let response = send(&stack, body(&agent_input(6), json!({}))).await;
     assert_eq!(response.status, StatusCode::OK);

@@ -254,19 +254,6 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
                 false,
             )
         }
-        "computer_call" | "local_shell_call" => {
-            let id = required(item.call_id, "call_id")?;
-            let name = Cow::Owned(kind.to_string());
-            Message::from_item(
-                raw,
-                assistant,
-                None,
-                call(id, name, None),
-                None,
-                Some(raw),
-                false,
-            )
-        }
         "mcp_approval_request" => {
             let id = required(item.id, "id")?;
             let name = item.name.unwrap_or(Cow::Borrowed("mcp_approval_request"));
@@ -283,10 +270,6 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
         "function_call_output" | "custom_tool_call_output" => {
             let id = required(item.call_id, "call_id")?;
             Message::from_item(raw, tool, output, Vec::new(), Some(id), None, false)
-        }
-        "computer_call_output" => {
-            let id = required(item.call_id, "call_id")?;
-            Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
         }
         // The output names its call by `id` (openai-python's `LocalShellCallOutput`).
         "local_shell_call_output" => {
@@ -308,8 +291,8 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
             Some(raw),
             true,
         ),
-        // A kind this version does not know that names a call: its output answers it, so
-        // the two stay one group as known calls do.
+        // Other calls (`computer_call`, `local_shell_call`, kinds this version does not know)
+        // name their call: the `*_output` answers it, so the two stay one group.
         other if item.call_id.is_some() => {
             let id = required(item.call_id, "call_id")?;
             if other.ends_with("_output") {

@@ -264,3 +264,30 @@ impl Rng {
         self.next() % n
     }
 }
+
+/// compactor with compaction on, an echoing upstream and a summarizer, both mocks.
+pub struct Stack {
+    pub upstream: MockHandle,
+    pub summarizer: MockHandle,
+    pub proxy: Proxy,
+}
+
+pub async fn stack_with(summarization: &str, summarizer_options: MockOptions) -> Stack {
+    let upstream = echo_mock().await;
+    let summarizer = mock(MockOptions {
+        mode: mock_upstream::MockMode::Summarizer,
+        ..summarizer_options
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n{summarization}",
+        upstream.base_url(),
+        summarizer.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    Stack {
+        upstream,
+        summarizer,
+        proxy,
+    }
+}
