@@ -499,11 +499,7 @@ fn random_agent_conversation(rng: &mut Rng, seed: u64) -> Vec<Value> {
 
 #[tokio::test]
 async fn random_tool_heavy_conversations_are_always_accepted_upstream() {
-    let stack = stack_with(
-        "  trigger: [{type: messages, value: 10}, {type: tokens, value: 1500}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 2\n  max_calls_per_minute_per_tenant: 1000\n",
-        MockOptions::default(),
-    )
-    .await;
+    let stack = stack_with(RANDOM_RUNS_SUMMARIZATION, MockOptions::default()).await;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut summarized = 0;
     for seed in 0..200 {

@@ -291,3 +291,7 @@ pub async fn stack_with(summarization: &str, summarizer_options: MockOptions) ->
         proxy,
     }
 }
+
+/// The settings the 200-random-conversations tests run under (chat and Responses alike): low
+/// triggers so most are compacted, skill rescue on, no rate limit in the way.
+pub const RANDOM_RUNS_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 10}, {type: tokens, value: 1500}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 2\n  max_calls_per_minute_per_tenant: 1000\n";
