@@ -1,4 +1,5 @@
-//! The one error type of the request path, and the one place an OpenAI-shaped error body is built.
+//! The one error type of the request path, and the one place its error bodies are built: in
+//! OpenAI's shape, or in Anthropic's for the Messages API's paths, so each SDK parses them.
 //!
 //! Every error compactor itself produces carries `x-compactor-error: <code>` so a user can tell a
 //! proxy failure from an upstream failure (upstream error responses pass through untouched).
@@ -33,7 +34,7 @@ pub enum ProxyError {
     MethodNotAllowed(String),
     #[error("transfer coding '{0}' is not supported; send the body plain or chunked")]
     UnsupportedTransferEncoding(String),
-    #[error("a valid API key is required: pass it as Authorization: Bearer <key>")]
+    #[error("a valid API key is required: pass it as Authorization: Bearer <key> or x-api-key")]
     MissingKey,
     #[error("incorrect API key provided")]
     UnknownKey,
@@ -128,13 +129,35 @@ impl ProxyError {
         }
     }
 
-    pub fn into_response(self) -> Response<ProxyBody> {
-        let mut response = error_response(
-            self.status(),
-            &self.to_string(),
-            self.error_type(),
-            self.code(),
-        );
+    /// Anthropic's `error.type` for this error's status.
+    fn anthropic_type(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            status if status.is_client_error() => "invalid_request_error",
+            _ => "api_error",
+        }
+    }
+
+    pub fn into_response(self, shape: ErrorShape) -> Response<ProxyBody> {
+        let mut response = match shape {
+            ErrorShape::OpenAi => error_response(
+                self.status(),
+                &self.to_string(),
+                self.error_type(),
+                self.code(),
+            ),
+            ErrorShape::Anthropic => anthropic_error_response(
+                self.status(),
+                &self.to_string(),
+                self.anthropic_type(),
+                self.code(),
+            ),
+        };
         if matches!(self, ProxyError::Overloaded(_)) {
             response
                 .headers_mut()
@@ -156,6 +179,41 @@ impl ProxyError {
     }
 }
 
+/// Which API's error body a client expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `{"error":{"message","type","code","param"}}`.
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`, on the Messages API's paths.
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// The shape for a path under the listen prefix (`rest`): Anthropic's for `/messages…`.
+    pub fn for_path(rest: Option<&str>) -> ErrorShape {
+        match rest {
+            Some(rest) if rest == "/messages" || rest.starts_with("/messages/") => {
+                ErrorShape::Anthropic
+            }
+            _ => ErrorShape::OpenAi,
+        }
+    }
+}
+
+/// Anthropic's error body; `code` goes in the `x-compactor-error` header only.
+fn anthropic_error_response(
+    status: StatusCode,
+    message: &str,
+    error_type: &str,
+    code: &str,
+) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "type": "error",
+        "error": { "type": error_type, "message": message }
+    });
+    json_response(status, body, code)
+}
+
 /// Renders `{"error":{"message","type","code"}}`; used for every error compactor generates.
 pub fn error_response(
     status: StatusCode,
@@ -166,6 +224,10 @@ pub fn error_response(
     let body = serde_json::json!({
         "error": { "message": message, "type": error_type, "code": code, "param": null }
     });
+    json_response(status, body, code)
+}
+
+fn json_response(status: StatusCode, body: serde_json::Value, code: &str) -> Response<ProxyBody> {
     let bytes = Bytes::from(body.to_string());
     let mut response = Response::new(
         Full::new(bytes)

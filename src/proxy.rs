@@ -1,5 +1,5 @@
 //! The request handler, as its phases: local routes → read or stream the body → route →
-//! compact (chat completions only) → build the upstream request → send → respond.
+//! compact (chat completions, Responses, Messages) → build the upstream request → send → respond.
 //! Logging happens once, when the response body ends (see [`crate::access_log::LoggedBody`]).
 
 use std::convert::Infallible;
@@ -20,7 +20,7 @@ use crate::compaction::conversation::Api;
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::scope::Caller;
 use crate::config::Config;
-use crate::error::ProxyError;
+use crate::error::{ErrorShape, ProxyError};
 use crate::headers::{strip_hop_by_hop, strip_own, CREDENTIALS};
 use crate::inbound::{read_whole, BodyBounds, BodyFault, BufferBudget, GuardedBody, ReadError};
 use crate::routing::{forwarded_path, model_of, Upstreams};
@@ -77,12 +77,14 @@ impl App {
     }
 }
 
-/// The hyper service: never fails; every error becomes an OpenAI-shaped response.
+/// The hyper service: never fails; every error becomes an OpenAI-shaped response (an
+/// Anthropic-shaped one on the Messages API's paths).
 pub async fn handle(
     app: Arc<App>,
     request: Request<Incoming>,
 ) -> Result<Response<LoggedBody>, Infallible> {
     let started = Instant::now();
+    let shape = ErrorShape::for_path(forwarded_path(&app.config.prefix, request.uri().path()));
     let mut log = RequestLog {
         method: request.method().clone(),
         uri: request.uri().clone(),
@@ -95,7 +97,7 @@ pub async fn handle(
             if error.fault() != crate::error::Fault::Client {
                 tracing::warn!(code = error.code(), "{error}");
             }
-            error.into_response()
+            error.into_response(shape)
         }
     };
     log.status = response.status().as_u16();
@@ -125,6 +127,7 @@ async fn proxy(
         _ if parts.method != Method::POST => None,
         "/chat/completions" => Some(Api::ChatCompletions),
         "/responses" => Some(Api::Responses),
+        "/messages" => Some(Api::Messages),
         _ => None,
     };
     let compacting = api.is_some() && app.compaction.is_some();

@@ -14,8 +14,8 @@ use wildmatch::WildMatch;
 use std::sync::Arc;
 
 use crate::body::ProxyBody;
-use crate::config::{TlsConfig, UpstreamConfig};
-use crate::headers::{strip_hop_by_hop, CONTROL_HEADERS};
+use crate::config::{TlsConfig, UpstreamApi, UpstreamConfig};
+use crate::headers::{strip_hop_by_hop, CONTROL_HEADERS, CREDENTIALS, X_API_KEY};
 use crate::lean_client::LeanPool;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
@@ -26,7 +26,9 @@ pub struct Upstream {
     authority: http::uri::Authority,
     /// The base URL's path without a trailing slash, e.g. `/v1`.
     base_path: String,
-    authorization: Option<HeaderValue>,
+    /// The upstream's own key, as the header its API reads it from.
+    credential: Option<(HeaderName, HeaderValue)>,
+    pub api: UpstreamApi,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
     models: Vec<WildMatch>,
     pub(crate) matches_every_model: bool,
@@ -58,17 +60,19 @@ impl Upstream {
             .path_and_query
             .map(|pq| pq.path().trim_end_matches('/').to_string())
             .unwrap_or_default();
-        let authorization = match config.api_key.as_ref().filter(|k| !k.is_empty()) {
+        let credential = match config.api_key.as_ref().filter(|k| !k.is_empty()) {
             Some(key) => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
-                    .map_err(|_| {
-                        UpstreamSetupError(format!(
-                            "{}: api_key is not a valid header",
-                            config.name
-                        ))
-                    })?;
+                let (name, text) = match config.api {
+                    UpstreamApi::Openai => {
+                        (header::AUTHORIZATION, format!("Bearer {}", key.expose()))
+                    }
+                    UpstreamApi::Anthropic => (X_API_KEY, key.expose().to_string()),
+                };
+                let mut value = HeaderValue::from_str(&text).map_err(|_| {
+                    UpstreamSetupError(format!("{}: api_key is not a valid header", config.name))
+                })?;
                 value.set_sensitive(true);
-                Some(value)
+                Some((name, value))
             }
             None => None,
         };
@@ -95,7 +99,8 @@ impl Upstream {
             scheme,
             authority,
             base_path,
-            authorization,
+            credential,
+            api: config.api,
             extra_headers,
             matches_every_model: config.models.iter().any(|m| m == "*"),
             models: config.models.iter().map(|m| WildMatch::new(m)).collect(),
@@ -140,8 +145,12 @@ impl Upstream {
         for name in CONTROL_HEADERS {
             headers.remove(name);
         }
-        if let Some(auth) = &self.authorization {
-            headers.insert(header::AUTHORIZATION, auth.clone());
+        if let Some((name, value)) = &self.credential {
+            // The upstream's key replaces whichever credential the client sent.
+            for client_credential in CREDENTIALS {
+                headers.remove(client_credential);
+            }
+            headers.insert(name.clone(), value.clone());
         }
         for (name, value) in &self.extra_headers {
             headers.insert(name.clone(), value.clone());
@@ -170,10 +179,9 @@ impl Upstream {
         request
     }
 
-    /// Credentials for a call compactor makes on its own (the summarizer): this upstream's key,
-    /// else the client's own Authorization.
-    pub fn authorization_for(&self, client_auth: Option<&HeaderValue>) -> Option<HeaderValue> {
-        self.authorization.clone().or_else(|| client_auth.cloned())
+    /// The upstream's own key and the header it goes in, for calls compactor makes itself.
+    pub fn credential(&self) -> Option<&(HeaderName, HeaderValue)> {
+        self.credential.as_ref()
     }
 
     pub fn extra_headers(&self) -> &[(HeaderName, HeaderValue)] {

@@ -18,6 +18,9 @@
 //! `input` is validated as OpenAI does (calls and outputs paired by `call_id`, a reasoning item
 //! followed by the item it produced and carrying `summary`).
 //!
+//! Requests to `/messages` speak Anthropic's Messages API ([`anthropic`]): a `message` object
+//! or a typed event stream, Anthropic's checks on `messages` and its error shape.
+//!
 //! Requests to `/chat/completions` are validated the way OpenAI does (tool messages must answer a
 //! pending call; every call must be answered before the next non-tool message) and get 400 with
 //! OpenAI's error shape otherwise. When the request has `tools` and its last message is not a
@@ -44,6 +47,8 @@ use hyper_util::server::conn::auto;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+pub mod anthropic;
 
 /// The error type of every body the mock serves.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -308,6 +313,11 @@ fn openai_error(status: StatusCode, message: &str, param: Option<String>) -> Res
     full(status, "application/json", body.to_string())
 }
 
+fn anthropic_error(status: StatusCode, message: &str) -> Response<MockBody> {
+    let body = anthropic::error_body(anthropic::error_type(status.as_u16()), message);
+    full(status, "application/json", body)
+}
+
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -358,7 +368,11 @@ async fn serve_request(
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
     }
     let responses_api = parts.method == Method::POST && path.ends_with("/responses");
-    if !(parts.method == Method::POST && path.ends_with("/chat/completions") || responses_api) {
+    let messages_api = parts.method == Method::POST && path.ends_with("/messages");
+    if !(parts.method == Method::POST && path.ends_with("/chat/completions")
+        || responses_api
+        || messages_api)
+    {
         let mut response = full(
             StatusCode::OK,
             "application/json",
@@ -395,7 +409,11 @@ async fn serve_request(
     match fault {
         Some(MockFault::Status(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let mut response = openai_error(status, "mock upstream fault", None);
+            let mut response = if messages_api {
+                anthropic_error(status, "mock upstream fault")
+            } else {
+                openai_error(status, "mock upstream fault", None)
+            };
             if code == 429 {
                 response
                     .headers_mut()
@@ -411,6 +429,12 @@ async fn serve_request(
 
     let request: Value = match serde_json::from_slice(&body) {
         Ok(value) => value,
+        Err(e) if messages_api => {
+            return Ok(anthropic_error(
+                StatusCode::BAD_REQUEST,
+                &format!("The request body is not valid JSON: {e}"),
+            ))
+        }
         Err(e) => {
             return Ok(openai_error(
                 StatusCode::BAD_REQUEST,
@@ -419,7 +443,11 @@ async fn serve_request(
             ))
         }
     };
-    if options.validate {
+    if options.validate && messages_api {
+        if let Err(message) = anthropic::validate(&request) {
+            return Ok(anthropic_error(StatusCode::BAD_REQUEST, &message));
+        }
+    } else if options.validate {
         let checked = if responses_api {
             validate_items(&request)
         } else {
@@ -458,6 +486,11 @@ async fn serve_request(
         .unwrap_or("mock-model")
         .to_string();
     let reply = build_reply(mode, &request, &body, fault);
+    let anthropic_reply = match (&reply, mode) {
+        (_, MockMode::Chat) => anthropic::chat_reply(&request),
+        (Reply::Text(text), _) => anthropic::Reply::Text(text.clone()),
+        (Reply::ToolCall { .. }, _) => anthropic::Reply::Text(String::new()),
+    };
     if !first_byte_delay.is_zero() {
         tokio::time::sleep(first_byte_delay).await;
     }
@@ -470,7 +503,9 @@ async fn serve_request(
         Reply::ToolCall { arguments, .. } => arguments.clone(),
     };
     if !stream {
-        let body = if responses_api {
+        let body = if messages_api {
+            anthropic::message_json(&id, &model, &anthropic_reply, &request)
+        } else if responses_api {
             response_json(&id, &model, &text, "completed")
         } else {
             completion_json(&id, &model, &reply, &request)
@@ -481,7 +516,9 @@ async fn serve_request(
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let events = if responses_api {
+    let events = if messages_api {
+        anthropic::message_events(&id, &model, &anthropic_reply, &request, chunks)
+    } else if responses_api {
         response_events(&id, &model, &text, chunks)
     } else {
         stream_events(&id, &model, &reply, chunks, include_usage)
@@ -633,7 +670,7 @@ fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, fault: Option<MockF
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
         (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -891,7 +928,7 @@ pub fn validate_items(request: &Value) -> Result<(), (String, String)> {
 
 /// Splits `text` into `parts` pieces on character boundaries (the last ones may be empty when
 /// the text is short, which is still a valid delta).
-fn split_text(text: &str, parts: usize) -> Vec<String> {
+pub(crate) fn split_text(text: &str, parts: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     let parts = parts.max(1);
     let size = chars.len().div_ceil(parts).max(1);

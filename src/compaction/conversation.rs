@@ -36,6 +36,8 @@ impl<'a> Json<'a> {
 pub enum Api {
     ChatCompletions,
     Responses,
+    /// Anthropic's Messages API (`POST /v1/messages`).
+    Messages,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,12 +245,18 @@ pub struct Message<'a> {
     tool_calls_raw: Option<Json<'a>>,
     function_call: Option<Json<'a>>,
     pub tool_call_id: Option<Cow<'a, str>>,
+    /// The calls a message of tool results answers besides `tool_call_id` (an Anthropic user
+    /// message answers every `tool_use` of the assistant turn before it).
+    pub more_answers: Vec<Cow<'a, str>>,
     /// An item the planner does not read (a Responses reasoning item, a built-in tool call):
     /// counted and hashed whole, never shown to the summarizer as text.
     pub opaque: Option<Json<'a>>,
     /// It must stay next to the message after it (a Responses reasoning item and the item it
     /// produced): no cut falls between them.
     pub binds_next: bool,
+    /// The last `cache_control` among an Anthropic message's blocks: a prompt-cache
+    /// breakpoint a summary of this message inherits.
+    pub cache_breakpoint: Option<Json<'a>>,
 }
 
 /// A parsed chat-completions request: the messages, and where they sit in the body.
@@ -484,8 +492,10 @@ impl<'a> Message<'a> {
             tool_calls_raw,
             function_call: fields.function_call.and_then(Json::non_null),
             tool_call_id: fields.tool_call_id.and_then(string_value),
+            more_answers: Vec::new(),
             opaque: None,
             binds_next: false,
+            cache_breakpoint: None,
         })
     }
 
@@ -512,9 +522,19 @@ impl<'a> Message<'a> {
             tool_calls_raw: counted_calls,
             function_call: None,
             tool_call_id,
+            more_answers: Vec::new(),
             opaque: opaque.map(Json),
             binds_next,
+            cache_breakpoint: None,
         }
+    }
+
+    /// Every call id this message answers.
+    pub fn answers(&self) -> impl Iterator<Item = &str> {
+        self.tool_call_id
+            .as_deref()
+            .into_iter()
+            .chain(self.more_answers.iter().map(|id| id.as_ref()))
     }
 
     pub fn has_tool_calls(&self) -> bool {
@@ -579,6 +599,11 @@ pub(crate) struct PartView<'a> {
     pub image_url: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub file: Option<&'a RawValue>,
+    /// An Anthropic `tool_result`'s content (a string or blocks) and the call it answers.
+    #[serde(borrow, default)]
+    pub content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub tool_use_id: Option<Cow<'a, str>>,
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.

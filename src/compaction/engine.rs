@@ -16,6 +16,7 @@ use super::control::{self, Control};
 use super::conversation::{Api, Conversation, Message};
 use super::digest::hash_parts;
 use super::failure::CompactionFailure;
+use super::messages;
 use super::offload::{CpuPool, Offloaded};
 use super::plan::{self, CachedSummary, Decision, PlanSettings};
 use super::responses::{self, Parsed};
@@ -223,7 +224,7 @@ impl CompactionEngine {
         }
         // The size bound counts `"role"` literals to bound the message count; Responses items
         // need not have one, so their bodies always take the full count.
-        if control != Control::Force && api == Api::ChatCompletions {
+        if control != Control::Force && api != Api::Responses {
             let settings = self.inner.settings_for(caller.key).0;
             if provably_under(&body, settings, &self.inner.model_bounds) {
                 let outcome = Outcome::uncounted("under_trigger_by_size");
@@ -231,8 +232,8 @@ impl CompactionEngine {
             }
         }
         let notice_mode = match control::notice_mode(headers, self.inner.config.notice) {
-            // A chat-completion chunk means nothing in a typed Responses stream.
-            NoticeMode::Chunk if api == Api::Responses => NoticeMode::Comment,
+            // A chat-completion chunk means nothing in a typed Responses or Messages stream.
+            NoticeMode::Chunk if api != Api::ChatCompletions => NoticeMode::Comment,
             mode => mode,
         };
         match self
@@ -379,6 +380,8 @@ impl CompactionEngine {
             api: self.inner.config.summarizer_api,
             client_authorization: credential(AUTHORIZATION),
             client_api_key: credential(headers::API_KEY),
+            client_x_api_key: credential(headers::X_API_KEY),
+            anthropic_version: headers.get("anthropic-version").cloned(),
         };
         let inner = self.inner.clone();
         let key = job.key;
@@ -535,6 +538,7 @@ impl Inner {
         let parsed = match api {
             Api::ChatCompletions => Conversation::parse(body).map(Parsed::Conversation),
             Api::Responses => responses::parse(body),
+            Api::Messages => messages::parse(body),
         };
         let conversation = match parsed {
             Ok(Parsed::Conversation(conversation)) => conversation,

@@ -1,5 +1,5 @@
 //! Compaction. The pure planner: `conversation` (the request as a borrowed view, read in one
-//! pass), `responses` (the Responses API's items mapped onto that view), `tokens` (the estimate), `structure` (tool-call groups, valid cuts, the validator),
+//! pass), `responses` and `messages` (the Responses and Anthropic Messages front-ends, mapped onto that view), `tokens` (the estimate), `structure` (tool-call groups, valid cuts, the validator),
 //! `skills` (skill reads worth keeping), `plan` (what to summarize and keep), `size_bound` (under every trigger, from the byte length), `summary_input`
 //! (the summarizer's prompt), `rewrite` (the splice), `digest` (cache keys). The parts that
 //! call out or hold state: `engine` (orchestration per request), `control` (the request's
@@ -14,6 +14,7 @@ pub mod conversation;
 pub mod digest;
 pub mod engine;
 pub mod failure;
+pub mod messages;
 pub mod offload;
 mod outcome;
 pub mod plan;

@@ -28,6 +28,16 @@ pub fn summary_item(text: &str) -> String {
     .to_string()
 }
 
+/// The summary as an Anthropic text block; `breakpoint` is the `cache_control` it inherits
+/// from the messages it replaces, so the new prefix is cached turn after turn.
+pub fn summary_block(text: &str, breakpoint: Option<&str>) -> String {
+    let mut block = serde_json::json!({"type": "text", "text": format!("{SUMMARY_PREFIX}{text}")});
+    if let Some(value) = breakpoint.and_then(|raw| serde_json::from_str(raw).ok()) {
+        block["cache_control"] = value;
+    }
+    block.to_string()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RewriteError {
     #[error(transparent)]
@@ -59,6 +69,10 @@ pub struct Splice {
     /// The summary goes into the first tail message (a user message) instead of its own.
     merge_into_first: bool,
     api: Api,
+    /// Messages: the `cache_control` of the last breakpoint among the summarized messages.
+    summary_breakpoint: Option<String>,
+    /// Messages: where the first tail message's `content` lies in the body, for the merge.
+    merge_content: Option<Range<usize>>,
 }
 
 impl Splice {
@@ -90,15 +104,40 @@ impl Splice {
             conversation.messages[i].role == Role::User
                 && !layout.splits.iter().any(|s| s.message == i)
         });
-        // A Responses summary is always an item of its own.
+        let first_content = order
+            .first()
+            .and_then(|&i| conversation.messages[i].content)
+            .map(|content| {
+                let start = (content.get().as_ptr() as usize)
+                    .saturating_sub(conversation.body.as_ptr() as usize);
+                start..start + content.get().len()
+            });
+        // A Responses summary is always an item of its own; a Messages summary joins the first
+        // kept user turn, as two user turns in a row would break the alternation Anthropic asks
+        // for.
         let merge_into_first = next_is_user
-            && api == Api::ChatCompletions
-            && match placement {
-                SummaryPlacement::Separate => false,
-                SummaryPlacement::Merge => true,
-                SummaryPlacement::Auto => role == SummaryRole::User,
+            && match api {
+                Api::ChatCompletions => match placement {
+                    SummaryPlacement::Separate => false,
+                    SummaryPlacement::Merge => true,
+                    SummaryPlacement::Auto => role == SummaryRole::User,
+                },
+                Api::Responses => false,
+                Api::Messages => first_content.is_some(),
             };
+        let summary_breakpoint = (api == Api::Messages)
+            .then(|| {
+                layout
+                    .summarized(layout.head, |_| true)
+                    .iter()
+                    .rev()
+                    .find_map(|&i| conversation.messages[i].cache_breakpoint)
+                    .map(|raw| raw.get().to_string())
+            })
+            .flatten();
         Ok(Splice {
+            summary_breakpoint,
+            merge_content: first_content.filter(|_| merge_into_first && api == Api::Messages),
             messages_span: conversation.messages_span.clone(),
             head: (0..layout.head)
                 .map(|i| conversation.message_range(i))
@@ -112,18 +151,26 @@ impl Splice {
     /// The new body: `body` (the one the splice was made from) with only `messages` replaced and
     /// the summary `text` placed as planned.
     pub fn apply(&self, body: &[u8], text: &str, role: SummaryRole) -> Vec<u8> {
+        let breakpoint = self.summary_breakpoint.as_deref();
         let merged = match self.tail.first() {
-            Some(Piece::Original(range)) if self.merge_into_first => {
-                std::str::from_utf8(&body[range.clone()])
+            Some(Piece::Original(range)) if self.merge_into_first => match &self.merge_content {
+                Some(content) => {
+                    merged_anthropic_user(body, range, content, &summary_block(text, breakpoint))
+                }
+                None => std::str::from_utf8(&body[range.clone()])
                     .ok()
-                    .and_then(|user| merged_user_message(user, text))
-            }
+                    .and_then(|user| merged_user_message(user, text)),
+            },
             _ => None,
         };
         let summary_json = match (&merged, self.api) {
             (Some(merged), _) => merged.clone(),
             (None, Api::ChatCompletions) => summary_message(text, role),
             (None, Api::Responses) => summary_item(text),
+            (None, Api::Messages) => format!(
+                r#"{{"role":"user","content":[{}]}}"#,
+                summary_block(text, breakpoint)
+            ),
         };
         let tail = if merged.is_some() {
             &self.tail[1..]
@@ -183,6 +230,28 @@ fn merged_user_message(raw: &str, text: &str) -> Option<String> {
     };
     message.insert("content".into(), content);
     serde_json::to_string(&message).ok()
+}
+
+/// The Anthropic user message at `message` with `block` as its first content block, spliced
+/// into its bytes: string content becomes a text block after it, every other byte is kept.
+fn merged_anthropic_user(
+    body: &[u8],
+    message: &Range<usize>,
+    content: &Range<usize>,
+    block: &str,
+) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let raw = text.get(content.clone())?;
+    let new_content = match raw.strip_prefix('[') {
+        Some(rest) if rest.trim_start().starts_with(']') => format!("[{block}]"),
+        Some(rest) => format!("[{block},{rest}"),
+        None => format!(r#"[{block},{{"type":"text","text":{raw}}}]"#),
+    };
+    Some(format!(
+        "{}{new_content}{}",
+        text.get(message.start..content.start)?,
+        text.get(content.end..message.end)?
+    ))
 }
 
 /// A copy of an assistant message with only the tool calls at `calls` and empty content, every

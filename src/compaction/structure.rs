@@ -81,9 +81,9 @@ impl Groups {
                     owner.insert(call.id.as_ref(), i);
                 }
             } else if message.role == Role::Tool {
-                if let Some(&first) = message.tool_call_id.as_deref().and_then(|id| owner.get(id)) {
-                    start[i] = first;
-                    end[first] = end[first].max(i);
+                if let Some(first) = message.answers().filter_map(|id| owner.get(id)).min() {
+                    start[i] = *first;
+                    end[*first] = end[*first].max(i);
                 }
             }
         }
@@ -171,12 +171,14 @@ pub fn validate<'m, 'a: 'm>(
     let mut last_caller = None;
     for (pos, message) in messages.iter().enumerate() {
         if message.role == Role::Tool {
-            let answered = message
-                .tool_call_id
-                .as_deref()
-                .and_then(|id| open.remove(id));
-            if answered.is_none() {
+            let mut answers = message.answers().peekable();
+            if answers.peek().is_none() {
                 return Err(ValidationError::OrphanToolResult(pos));
+            }
+            for id in answers {
+                if open.remove(id).is_none() {
+                    return Err(ValidationError::OrphanToolResult(pos));
+                }
             }
         } else if message.has_tool_calls() {
             last_caller = Some(pos);

@@ -1,7 +1,7 @@
 //! The summarizer call: an OpenAI-compatible, non-streaming chat completion (or Responses
-//! call, `summarizer_api: responses`) made with the
-//! upstream's own pooled client, parsed leniently. Behind a trait so the engine can be driven
-//! without a network.
+//! call, `summarizer_api: responses`), or an Anthropic Messages call when the upstream speaks
+//! it (`api: anthropic`), made with the upstream's own pooled client and parsed leniently.
+//! Behind a trait so the engine can be driven without a network.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
 
 use crate::body;
-use crate::config::SummarizerApi;
+use crate::config::{SummarizerApi, UpstreamApi};
 use crate::routing::Upstreams;
 
 /// One summarizer call.
@@ -29,7 +29,13 @@ pub struct SummaryRequest {
     /// The client's credentials, used when the upstream has no key of its own.
     pub client_authorization: Option<HeaderValue>,
     pub client_api_key: Option<HeaderValue>,
+    pub client_x_api_key: Option<HeaderValue>,
+    /// The client's `anthropic-version`, for a Messages summarizer (else a default).
+    pub anthropic_version: Option<HeaderValue>,
 }
+
+/// The `anthropic-version` a Messages summarizer call sends when the client sent none.
+const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SummaryError {
@@ -83,7 +89,16 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
     let upstream = upstreams
         .by_name(&request.upstream)
         .ok_or_else(|| SummaryError::NoUpstream(request.upstream.clone()))?;
+    let anthropic = upstream.api == UpstreamApi::Anthropic;
     let (path, payload) = match request.api {
+        _ if anthropic => (
+            "/messages",
+            json!({
+                "model": request.model,
+                "max_tokens": request.max_tokens,
+                "messages": [{"role": "user", "content": request.prompt}],
+            }),
+        ),
         SummarizerApi::ChatCompletions => (
             "/chat/completions",
             json!({
@@ -113,10 +128,31 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
         .uri(uri)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::ACCEPT, "application/json");
-    if let Some(auth) = upstream.authorization_for(request.client_authorization.as_ref()) {
-        builder = builder.header(header::AUTHORIZATION, auth);
-    } else if let Some(key) = &request.client_api_key {
-        builder = builder.header("api-key", key.clone());
+    // The upstream's own key, else the client's credential in the header it came in.
+    let client_credentials = [
+        (header::AUTHORIZATION, &request.client_authorization),
+        (crate::headers::X_API_KEY, &request.client_x_api_key),
+        (crate::headers::API_KEY, &request.client_api_key),
+    ];
+    match upstream.credential() {
+        Some((name, value)) => builder = builder.header(name, value.clone()),
+        None => {
+            if let Some((name, value)) = client_credentials
+                .into_iter()
+                .find_map(|(name, value)| value.as_ref().map(|value| (name, value)))
+            {
+                builder = builder.header(name, value.clone());
+            }
+        }
+    }
+    if anthropic {
+        builder = builder.header(
+            "anthropic-version",
+            request
+                .anthropic_version
+                .clone()
+                .unwrap_or(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION)),
+        );
     }
     for (name, value) in upstream.extra_headers() {
         builder = builder.header(name, value.clone());
@@ -141,10 +177,22 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
     extract_text(&bytes).ok_or(SummaryError::Blank)
 }
 
-/// `choices[0].message.content` as a string or as text parts, or a Responses reply's
-/// `output_text` parts of its `message` items; blank counts as nothing.
+/// `choices[0].message.content` as a string or as text parts, a Responses reply's
+/// `output_text` parts of its `message` items, or a Messages reply's `text` blocks; blank
+/// counts as nothing.
 pub fn extract_text(reply: &[u8]) -> Option<String> {
     let value: Value = serde_json::from_slice(reply).ok()?;
+    if value.get("type").and_then(Value::as_str) == Some("message") {
+        let text: String = value
+            .get("content")
+            .and_then(Value::as_array)?
+            .iter()
+            .filter(|block| block.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|block| block.get("text").and_then(Value::as_str))
+            .collect();
+        let text = text.trim();
+        return (!text.is_empty()).then(|| text.to_string());
+    }
     if let Some(output) = value.get("output").and_then(Value::as_array) {
         let text: String = output
             .iter()
@@ -196,5 +244,9 @@ mod tests {
             Some("s")
         );
         assert_eq!(extract_text(br#"{"object":"response","output":[]}"#), None);
+        assert_eq!(
+            extract_text(br#"{"type":"message","role":"assistant","content":[{"type":"thinking","thinking":"x"},{"type":"text","text":" s "}]}"#).as_deref(),
+            Some("s")
+        );
     }
 }

@@ -568,50 +568,77 @@ fn content_text(message: &Message<'_>) -> String {
         }
         let parts: Vec<PartView<'_>> = serde_json::from_str(raw.get()).unwrap_or_default();
         for part in parts {
+            let Some(piece) = part_text(&part) else {
+                continue;
+            };
             if !out.is_empty() {
                 out.push('\n');
             }
-            let text_of = |raw: Option<&RawValue>| -> String {
-                raw.and_then(|r| json_text(r.get()))
-                    .map(Cow::into_owned)
-                    .unwrap_or_default()
-            };
-            match part.kind.as_deref().unwrap_or("") {
-                "text" | "input_text" | "output_text" => out.push_str(&text_of(part.text)),
-                "refusal" => out.push_str(&text_of(part.refusal)),
-                "image_url" => {
-                    let url: Option<serde_json::Value> = part
-                        .image_url
-                        .and_then(|r| serde_json::from_str(r.get()).ok());
-                    let url = url
-                        .as_ref()
-                        .and_then(|v| v.get("url").or(Some(v)))
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("");
-                    if url.starts_with("data:") || url.is_empty() {
-                        out.push_str("[image]");
-                    } else {
-                        out.push_str(&format!("[image: {url}]"));
-                    }
-                }
-                "input_image" => out.push_str("[image]"),
-                "input_file" => out.push_str("[file]"),
-                "input_audio" => out.push_str("[audio]"),
-                "file" => {
-                    let file: Option<serde_json::Value> =
-                        part.file.and_then(|r| serde_json::from_str(r.get()).ok());
-                    let name = file
-                        .as_ref()
-                        .and_then(|f| f.get("filename"))
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("attachment");
-                    out.push_str(&format!("[file: {name}]"));
-                }
-                other => out.push_str(&format!("[{other} part]")),
-            }
+            out.push_str(&piece);
         }
     }
     out
+}
+
+/// What the summarizer is shown of one content part; None for parts it never sees: an
+/// Anthropic `tool_use` (listed with the message's calls) and thinking, which is opaque.
+fn part_text(part: &PartView<'_>) -> Option<String> {
+    let text_of = |raw: Option<&RawValue>| -> String {
+        raw.and_then(|r| json_text(r.get()))
+            .map(Cow::into_owned)
+            .unwrap_or_default()
+    };
+    Some(match part.kind.as_deref().unwrap_or("") {
+        "text" | "input_text" | "output_text" => text_of(part.text),
+        "refusal" => text_of(part.refusal),
+        "image_url" => {
+            let url: Option<serde_json::Value> = part
+                .image_url
+                .and_then(|r| serde_json::from_str(r.get()).ok());
+            let url = url
+                .as_ref()
+                .and_then(|v| v.get("url").or(Some(v)))
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
+            if url.starts_with("data:") || url.is_empty() {
+                "[image]".to_string()
+            } else {
+                format!("[image: {url}]")
+            }
+        }
+        "input_image" | "image" => "[image]".to_string(),
+        "input_file" => "[file]".to_string(),
+        "document" => "[document]".to_string(),
+        "input_audio" => "[audio]".to_string(),
+        "file" => {
+            let file: Option<serde_json::Value> =
+                part.file.and_then(|r| serde_json::from_str(r.get()).ok());
+            let name = file
+                .as_ref()
+                .and_then(|f| f.get("filename"))
+                .and_then(|v| v.as_str())
+                .unwrap_or("attachment");
+            format!("[file: {name}]")
+        }
+        "tool_use" | "thinking" | "redacted_thinking" => return None,
+        "tool_result" => {
+            let id = part.tool_use_id.as_deref().unwrap_or("");
+            let result = match part.content {
+                Some(raw) if raw.get().starts_with('[') => {
+                    let nested: Vec<PartView<'_>> =
+                        serde_json::from_str(raw.get()).unwrap_or_default();
+                    nested
+                        .iter()
+                        .filter_map(part_text)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                }
+                raw => text_of(raw),
+            };
+            format!("← result [{id}]: {result}")
+        }
+        other => format!("[{other} part]"),
+    })
 }
 
 /// A JSON string literal's text. A lone surrogate escape (valid JSON, not valid Unicode) is kept

@@ -112,7 +112,11 @@ pub struct UpstreamConfig {
     pub name: String,
     /// Base URL including the API version path, e.g. `https://api.openai.com/v1`.
     pub base_url: String,
-    /// When set and non-empty, replaces the client's Authorization with `Bearer <api_key>`.
+    /// The API this upstream speaks: `openai` (chat completions, Responses) or `anthropic`
+    /// (Messages). It decides how its key is sent and how the summarizer calls it.
+    pub api: UpstreamApi,
+    /// When set and non-empty, replaces the client's credential: `Authorization: Bearer
+    /// <api_key>` for `openai`, `x-api-key: <api_key>` for `anthropic`.
     pub api_key: Option<Secret>,
     /// Extra headers set on every request to this upstream (replacing any the client sent).
     pub headers: BTreeMap<String, Secret>,
@@ -164,6 +168,14 @@ impl OneOrMany {
             OneOrMany::Many(sizes) => sizes.clone(),
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamApi {
+    #[default]
+    Openai,
+    Anthropic,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -428,6 +440,7 @@ impl Default for UpstreamConfig {
         UpstreamConfig {
             name: String::new(),
             base_url: String::new(),
+            api: UpstreamApi::Openai,
             api_key: None,
             headers: BTreeMap::new(),
             models: vec!["*".into()],

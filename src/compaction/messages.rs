@@ -1,0 +1,273 @@
+//! Anthropic's Messages API (`POST /v1/messages`) as the planner sees it: each message is one
+//! planner message, so one planner serves every API. An assistant turn's `tool_use` blocks are
+//! its calls; the next user message answers them with `tool_result` blocks (Anthropic requires
+//! the results "immediately after"), so the assistant turn binds to it and the pair is one
+//! group that no cut splits and no summary separates. A user message holding tool results is a
+//! tool turn to the planner: it is never the "latest user message" moved after the summary.
+//! `thinking` and `redacted_thinking` blocks are never read as text; kept messages keep their
+//! bytes, so the latest assistant turn's thinking is never modified.
+//!
+//! Requests the provider compacts or edits itself are left alone: `context_management`, and a
+//! history already holding a `compaction` block.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::conversation::{
+    object_span, offset_in, raw_members, string_value, Conversation, Json, Message, ParseError,
+    Role, ToolCall,
+};
+use super::responses::Parsed;
+
+#[derive(Deserialize)]
+struct RequestView<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<MessageFields<'a>>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    context_management: Option<&'a RawValue>,
+}
+
+/// The members of one message that planning reads, as raw slices of the body; `first` and
+/// `last` locate the object's braces.
+#[derive(Default)]
+struct MessageFields<'a> {
+    role: Option<&'a str>,
+    content: Option<&'a str>,
+    first: &'a str,
+    last: &'a str,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MessageVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for MessageVisitor<'a> {
+            type Value = MessageFields<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MessageFields<'a>, A::Error> {
+                let mut fields = MessageFields::default();
+                let ends = raw_members(&mut map, |key, value| match key {
+                    "role" => fields.role = Some(value),
+                    "content" => fields.content = Some(value),
+                    _ => {}
+                })?;
+                let Some((first, last)) = ends else {
+                    return Err(serde::de::Error::custom("a message has no members"));
+                };
+                (fields.first, fields.last) = (first, last);
+                Ok(fields)
+            }
+        }
+        deserializer.deserialize_map(MessageVisitor(std::marker::PhantomData))
+    }
+}
+
+/// One content block, its members raw.
+#[derive(Deserialize)]
+struct BlockView<'a> {
+    #[serde(borrow, rename = "type", default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_use_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
+}
+
+/// A nested block of a `tool_result`'s content: only its breakpoint matters here.
+#[derive(Deserialize)]
+struct NestedBlock<'a> {
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
+}
+
+fn present(raw: Option<&RawValue>) -> bool {
+    raw.is_some_and(|raw| raw.get() != "null")
+}
+
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
+    let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    let view: RequestView<'_> =
+        serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    if present(view.context_management) {
+        return Ok(Parsed::LeaveAlone("context_management"));
+    }
+    let Some(fields) = view.messages else {
+        return Err(ParseError::NotChat("no messages array".into()));
+    };
+    let mut messages = Vec::with_capacity(fields.len());
+    for (i, fields) in fields.iter().enumerate() {
+        let first = offset_in(text, fields.first);
+        let last_end = offset_in(text, fields.last) + fields.last.len();
+        let span = object_span(text, first, last_end)
+            .ok_or_else(|| ParseError::BadMessage(i, "cannot locate the message".into()))?;
+        match message(&text[span], fields) {
+            Ok(message) => messages.push(message),
+            Err(Unplannable::LeaveAlone(reason)) => return Ok(Parsed::LeaveAlone(reason)),
+            Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
+        }
+    }
+    Ok(Parsed::Conversation(Conversation::from_parts(
+        body,
+        view.model,
+        messages,
+        view.tools,
+        view.system.filter(|raw| raw.get() != "null"),
+        view.max_tokens.unwrap_or(0),
+    )))
+}
+
+enum Unplannable {
+    LeaveAlone(&'static str),
+    Bad(String),
+}
+
+fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, Unplannable> {
+    let role = fields
+        .role
+        .and_then(string_value)
+        .ok_or_else(|| Unplannable::Bad("role is missing".into()))?;
+    let assistant = match role.as_ref() {
+        "user" => false,
+        "assistant" => true,
+        other => {
+            return Err(Unplannable::Bad(format!(
+                "role '{other}' is not user or assistant"
+            )))
+        }
+    };
+    let content = fields.content.filter(|raw| *raw != "null");
+    let mut calls = Vec::new();
+    let mut answers = Vec::new();
+    let mut breakpoint = None;
+    if let Some(blocks) = content.filter(|raw| raw.starts_with('[')) {
+        let blocks: Vec<BlockView<'a>> =
+            serde_json::from_str(blocks).map_err(|e| Unplannable::Bad(format!("content: {e}")))?;
+        for block in blocks {
+            if present(block.cache_control) {
+                breakpoint = block.cache_control;
+            }
+            match block.kind.as_deref() {
+                Some("compaction") => return Err(Unplannable::LeaveAlone("compaction_block")),
+                Some("tool_use") if assistant => calls.push(ToolCall {
+                    id: block.id.unwrap_or(Cow::Borrowed("")),
+                    name: block.name.unwrap_or(Cow::Borrowed("")),
+                    arguments_raw: block.input.map(|raw| Json::of(raw.get())),
+                }),
+                Some("tool_result") if !assistant => {
+                    answers.push(block.tool_use_id.unwrap_or(Cow::Borrowed("")));
+                    let nested = block.content.filter(|raw| raw.get().starts_with('['));
+                    if let Some(nested) = nested {
+                        let nested: Vec<NestedBlock<'a>> = serde_json::from_str(nested.get())
+                            .map_err(|e| Unplannable::Bad(format!("tool_result content: {e}")))?;
+                        if let Some(last) = nested.iter().rev().find(|b| present(b.cache_control)) {
+                            breakpoint = last.cache_control;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let binds_next = !calls.is_empty();
+    let mut message = Message::from_item(raw, role, content, calls, None, None, binds_next);
+    if !answers.is_empty() {
+        message.role = Role::Tool;
+        message.more_answers = answers;
+    }
+    message.cache_breakpoint = breakpoint.map(|raw| Json::of(raw.get()));
+    Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::structure::{validate, Groups};
+    use super::*;
+
+    fn conversation(body: &str) -> Conversation<'_> {
+        match parse(body.as_bytes()).unwrap() {
+            Parsed::Conversation(conversation) => conversation,
+            Parsed::LeaveAlone(reason) => panic!("left alone: {reason}"),
+        }
+    }
+
+    #[test]
+    fn tool_turns_pair_up_and_bind() {
+        let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "system": "be brief", "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}, {"type": "text", "text": "looking"}, {"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "a"}}, {"type": "tool_use", "id": "t2", "name": "Read", "input": {"file_path": "b"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "A"}, {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "B", "cache_control": {"type": "ephemeral"}}]}, {"type": "text", "text": "also this"}]},
+            {"role": "assistant", "content": "done"},
+        ]})
+        .to_string();
+        let conversation = conversation(&body);
+        let messages = &conversation.messages;
+        assert_eq!(messages.len(), 4);
+        assert_eq!(messages[1].tool_calls.len(), 2);
+        assert!(messages[1].binds_next);
+        assert_eq!(messages[2].role, Role::Tool);
+        assert_eq!(messages[2].answers().collect::<Vec<_>>(), ["t1", "t2"]);
+        assert_eq!(
+            messages[2].cache_breakpoint.map(|raw| raw.get()),
+            Some(r#"{"type":"ephemeral"}"#)
+        );
+        let groups = Groups::of(messages);
+        assert_eq!(groups.valid_cut, [true, true, false, true, true]);
+        assert!(validate(messages.iter()).is_ok());
+        // Without the results, the calls are unanswered.
+        assert!(validate([&messages[0], &messages[1], &messages[3]].into_iter()).is_err());
+        assert!(conversation.schema_tokens(&Default::default()) > 0);
+        assert_eq!(conversation.output_reserve, 64);
+    }
+
+    #[test]
+    fn native_compaction_is_left_alone() {
+        let left_alone = |body: serde_json::Value| match parse(body.to_string().as_bytes()) {
+            Ok(Parsed::LeaveAlone(reason)) => reason,
+            _ => panic!("planned: {body}"),
+        };
+        assert_eq!(
+            left_alone(
+                json!({"model": "m", "messages": [{"role": "user", "content": "q"}], "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}})
+            ),
+            "context_management"
+        );
+        assert_eq!(
+            left_alone(
+                json!({"model": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "compaction", "content": "earlier"}]}, {"role": "user", "content": "go on"}]})
+            ),
+            "compaction_block"
+        );
+    }
+
+    #[test]
+    fn bodies_that_are_not_messages_requests_are_errors() {
+        assert!(parse(b"{}").is_err());
+        assert!(parse(br#"{"messages":[{"role":"system","content":"x"}]}"#).is_err());
+        assert!(parse(br#"{"messages":[{"content":"x"}]}"#).is_err());
+        assert!(parse(br#"{"messages":[{"role":"user","content":[1]}]}"#).is_err());
+    }
+}
