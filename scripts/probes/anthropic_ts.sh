@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs anthropic_ts.mjs against compactor (mocks on loopback) with the TypeScript SDK version
+# given as $1 (default 1.16.0). Needs node and npm; not part of the test suite, which cannot
+# assume node: its findings are recorded in README ("The Messages API").
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+version=${1:-1.16.0}
+cargo build --quiet --workspace --bins
+bin=target/debug
+source scripts/lib.sh
+(cd "$work" && npm install --silent --no-save "@anthropic-ai/sdk@$version" >/dev/null)
+cp scripts/probes/anthropic_ts.mjs "$work/"
+upstream=http://$(start mock "$bin/mock-upstream" --chunks 4)
+summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
+cat > "$work/proxy.yaml" <<YAML
+listen: 127.0.0.1:0
+upstreams:
+  - name: mock
+    base_url: $upstream/v1
+  - name: summarizer
+    base_url: $summarizer/v1
+    models: ["summarizer-*"]
+summarization:
+  enabled: true
+  upstream: summarizer
+  model_name: summarizer-small
+  trigger: [{type: messages, value: 8}]
+  keep: {type: messages, value: 2}
+  summary_max_tokens: 32
+YAML
+proxy=http://$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
+echo "@anthropic-ai/sdk $version, node $(node --version)"
+(cd "$work" && COMPACTOR_URL=$proxy node anthropic_ts.mjs)
