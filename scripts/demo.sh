@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts the mock upstream and compactor in front of it, then shows requests going through:
 # a plain chat, a stream, and a long conversation being compacted (summarized, then reused on
-# the next turn, then re-summarized once it has grown past the trigger again), and one agent
-# run in the Responses API compacted.
+# the next turn, then re-summarized once it has grown past the trigger again), one agent run in
+# the Responses API and one Claude Code-style run in Anthropic's Messages API compacted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --release --workspace --bins
@@ -26,6 +26,7 @@ summarization:
   trigger: [{type: messages, value: 12}]
   keep: {type: messages, value: 4}
   headroom: null
+  summary_max_tokens: 64
 YAML
 proxy=http://$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
 echo "mock upstream: $upstream   compactor: $proxy"
@@ -75,6 +76,33 @@ echo; echo "== a Responses agent run of 22 items (POST /v1/responses, trigger: 1
 responses_run 5 > "$work/body.json"
 curl -sS -D "$work/headers" -o "$work/reply" "$proxy/v1/responses" \
   -H 'content-type: application/json' --data-binary @"$work/body.json"
+head -c 400 "$work/reply"
+echo; grep -i '^x-compactor' "$work/headers" || true
+
+messages_run() { # tool turns of a Claude Code-style run: thinking, a Read call, its result
+  python3 - "$1" <<'PY'
+import json, sys
+def signature(text):  # the mock upstream's stand-in for Anthropic's thinking signatures
+    h = 0xcbf29ce484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001b3) % 2**64
+    return f"sig{h:016x}"
+n = int(sys.argv[1])
+messages = [{"role": "user", "content": "Fix the failing test."}]
+for i in range(n):
+    messages.append({"role": "assistant", "content": [
+        {"type": "thinking", "thinking": f"Look at file {i}.", "signature": signature(f"Look at file {i}.")},
+        {"type": "tool_use", "id": f"toolu_{i}", "name": "Read", "input": {"file_path": f"src/{i}.rs"}}]})
+    messages.append({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"fn f{i}() {{ /* body */ }}\n" * 60}]})
+print(json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "You are Claude Code.",
+                  "tools": [{"name": "Read", "input_schema": {"type": "object"}}], "messages": messages}))
+PY
+}
+echo; echo; echo "== a Messages run of 15 messages (POST /v1/messages, as Claude Code sends it; trigger: 12)"
+messages_run 7 > "$work/body.json"
+curl -sS -D "$work/headers" -o "$work/reply" "$proxy/v1/messages" \
+  -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' --data-binary @"$work/body.json"
 head -c 400 "$work/reply"
 echo; grep -i '^x-compactor' "$work/headers" || true
 

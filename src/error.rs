@@ -191,10 +191,8 @@ pub enum ErrorShape {
 impl ErrorShape {
     /// The shape for a path under the listen prefix (`rest`): Anthropic's for `/messages…`.
     pub fn for_path(rest: Option<&str>) -> ErrorShape {
-        match rest {
-            Some(rest) if rest == "/messages" || rest.starts_with("/messages/") => {
-                ErrorShape::Anthropic
-            }
+        match rest.map(crate::routing::api_of) {
+            Some(crate::config::UpstreamApi::Anthropic) => ErrorShape::Anthropic,
             _ => ErrorShape::OpenAi,
         }
     }

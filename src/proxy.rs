@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::error::{ErrorShape, ProxyError};
 use crate::headers::{strip_hop_by_hop, strip_own, CREDENTIALS};
 use crate::inbound::{read_whole, BodyBounds, BodyFault, BufferBudget, GuardedBody, ReadError};
-use crate::routing::{forwarded_path, model_of, Upstreams};
+use crate::routing::{api_of, forwarded_path, model_of, Upstreams};
 use crate::upstream::{Upstream, UpstreamSetupError};
 
 /// Everything a request needs. Built once at start-up; each per-core worker gets its own copy
@@ -131,6 +131,7 @@ async fn proxy(
         _ => None,
     };
     let compacting = api.is_some() && app.compaction.is_some();
+    let family = api_of(&rest);
 
     let bounds = app.bounds;
     let declared = declared_length(&parts.headers);
@@ -140,7 +141,7 @@ async fn proxy(
         });
     }
     let needs_model =
-        app.upstreams.routing_needs_model() || key.is_some_and(|k| k.restricts_models());
+        app.upstreams.routing_needs_model(family) || key.is_some_and(|k| k.restricts_models());
     let body = GuardedBody::new(incoming, bounds);
     // The reservation is held until the upstream has answered: it bounds the bytes all
     // buffered requests pin.
@@ -173,7 +174,7 @@ async fn proxy(
     log.model = model.clone();
     let upstream = app
         .upstreams
-        .route(model.as_deref())
+        .route(model.as_deref(), family)
         .ok_or_else(|| ProxyError::NoUpstream(model.clone().unwrap_or_default()))?;
     log.upstream = Some(upstream.name.clone());
 

@@ -1,11 +1,13 @@
-//! Routing: which requests compactor forwards (the listen prefix) and to which upstream (the
-//! body's `model` against each upstream's globs, else the first upstream).
+//! Routing: which requests compactor forwards (the listen prefix) and to which upstream: the
+//! first that speaks the request's API (Anthropic's for `/messages…`, OpenAI's otherwise) and
+//! serves its `model` (each upstream's globs), else the first that serves the model whatever it
+//! speaks; a request without a model goes to the first of its API, else the first upstream.
 
 use std::borrow::Cow;
 
 use serde::Deserialize;
 
-use crate::config::Config;
+use crate::config::{Config, UpstreamApi};
 use crate::upstream::{Upstream, UpstreamSetupError};
 
 /// All configured upstreams in order.
@@ -27,20 +29,43 @@ impl Upstreams {
     }
 
     /// Whether routing needs the body's `model` (false when the first upstream takes every model).
-    pub fn routing_needs_model(&self) -> bool {
-        !self.list[0].matches_every_model
+    pub fn routing_needs_model(&self, api: UpstreamApi) -> bool {
+        !self.first_of(api).matches_every_model
     }
 
-    /// The first upstream serving `model`; without a model, the first upstream.
-    pub fn route(&self, model: Option<&str>) -> Option<&Upstream> {
+    /// The first upstream speaking `api`, else the first one.
+    fn first_of(&self, api: UpstreamApi) -> &Upstream {
+        self.list
+            .iter()
+            .find(|u| u.api == api)
+            .unwrap_or(&self.list[0])
+    }
+
+    /// The first upstream speaking `api` that serves `model`, else the first serving `model`;
+    /// without a model, [`Self::first_of`] `api`.
+    pub fn route(&self, model: Option<&str>, api: UpstreamApi) -> Option<&Upstream> {
         match model {
-            Some(model) => self.list.iter().find(|u| u.serves(model)),
-            None => self.list.first(),
+            Some(model) => self
+                .list
+                .iter()
+                .find(|u| u.api == api && u.serves(model))
+                .or_else(|| self.list.iter().find(|u| u.serves(model))),
+            None => Some(self.first_of(api)),
         }
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Upstream> {
         self.list.iter().find(|u| u.name == name)
+    }
+}
+
+/// The API a path under the prefix belongs to: Anthropic's `/messages` and
+/// `/messages/count_tokens`, OpenAI's for everything else.
+pub fn api_of(rest: &str) -> UpstreamApi {
+    if rest == "/messages" || rest.starts_with("/messages/") {
+        UpstreamApi::Anthropic
+    } else {
+        UpstreamApi::Openai
     }
 }
 

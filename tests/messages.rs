@@ -615,3 +615,72 @@ async fn random_tool_heavy_conversations_are_always_accepted_upstream() {
     }
     assert!(summarized > 50, "only {summarized} of 200 were compacted");
 }
+
+#[tokio::test]
+async fn messages_go_to_the_upstream_that_speaks_them() {
+    let openai = echo_mock().await;
+    let claude = echo_mock().await;
+    let yaml = format!(
+        "upstreams:\n  - name: openai\n    base_url: {}\n  - name: anthropic\n    api: anthropic\n    base_url: {}\n",
+        openai.base_url(),
+        claude.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    for (path, body, expected) in [
+        ("/v1/messages", body(&[user("hi")], json!({})), &claude),
+        (
+            "/v1/messages/count_tokens",
+            body(&[user("hi")], json!({})),
+            &claude,
+        ),
+        ("/v1/chat/completions", chat_body("hi", false), &openai),
+    ] {
+        let response = roundtrip(
+            &client(),
+            json_request(&proxy.url(path), body, &ANTHROPIC_HEADERS),
+        )
+        .await;
+        assert_eq!(response.status, StatusCode::OK, "{path}");
+        assert_eq!(expected.last_request().unwrap().path_and_query, path);
+    }
+    assert_eq!(openai.requests().len(), 1);
+    assert_eq!(claude.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn without_a_key_of_its_own_the_summarizer_call_carries_the_clients_credential() {
+    let upstream = mock(MockOptions {
+        mode: mock_upstream::MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: claude\n    api: anthropic\n    base_url: {}\nsummarization:\n  enabled: true\n  summary_max_tokens: 32\n{SUMMARIZATION}",
+        upstream.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    let response = roundtrip(
+        &client(),
+        json_request(
+            &proxy.url("/v1/messages"),
+            body(&agent_messages(6), json!({})),
+            &[
+                ("authorization", "Bearer sk-ant-oat-client"),
+                ("anthropic-version", "2023-06-01"),
+                ("anthropic-beta", "oauth-2025-04-20"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    assert_eq!(compaction(&response), "summarized");
+    let requests = upstream.requests();
+    let call = &requests[requests.len() - 2];
+    assert_eq!(call.json()["model"], "claude-sonnet-4-5", "the request's own model");
+    assert_eq!(call.headers["authorization"], "Bearer sk-ant-oat-client");
+    assert_eq!(call.headers["anthropic-beta"], "oauth-2025-04-20");
+    assert!(call.json()["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("← result"));
+}

@@ -382,6 +382,7 @@ impl CompactionEngine {
             client_api_key: credential(headers::API_KEY),
             client_x_api_key: credential(headers::X_API_KEY),
             anthropic_version: headers.get("anthropic-version").cloned(),
+            anthropic_beta: credential(http::HeaderName::from_static("anthropic-beta")),
         };
         let inner = self.inner.clone();
         let key = job.key;

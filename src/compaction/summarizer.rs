@@ -32,6 +32,9 @@ pub struct SummaryRequest {
     pub client_x_api_key: Option<HeaderValue>,
     /// The client's `anthropic-version`, for a Messages summarizer (else a default).
     pub anthropic_version: Option<HeaderValue>,
+    /// The client's `anthropic-beta`, sent along with its own credential (an OAuth token
+    /// needs its beta flag).
+    pub anthropic_beta: Option<HeaderValue>,
 }
 
 /// The `anthropic-version` a Messages summarizer call sends when the client sent none.
@@ -142,6 +145,9 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
                 .find_map(|(name, value)| value.as_ref().map(|value| (name, value)))
             {
                 builder = builder.header(name, value.clone());
+                if let Some(beta) = request.anthropic_beta.as_ref().filter(|_| anthropic) {
+                    builder = builder.header("anthropic-beta", beta.clone());
+                }
             }
         }
     }
