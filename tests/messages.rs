@@ -676,7 +676,11 @@ async fn without_a_key_of_its_own_the_summarizer_call_carries_the_clients_creden
     assert_eq!(compaction(&response), "summarized");
     let requests = upstream.requests();
     let call = &requests[requests.len() - 2];
-    assert_eq!(call.json()["model"], "claude-sonnet-4-5", "the request's own model");
+    assert_eq!(
+        call.json()["model"],
+        "claude-sonnet-4-5",
+        "the request's own model"
+    );
     assert_eq!(call.headers["authorization"], "Bearer sk-ant-oat-client");
     assert_eq!(call.headers["anthropic-beta"], "oauth-2025-04-20");
     assert!(call.json()["messages"][0]["content"]
