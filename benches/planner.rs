@@ -1,18 +1,21 @@
 //! The planner alone, on generated agent conversations of 10 KB, 1 MB and 10 MB:
 //! the under-trigger check (the size bound alone, and parse + count), the full plan + rewrite,
 //! and the summarizer's input for a summarize decision; the parse + count and plan + rewrite
-//! again for the same agent run as a Responses request.
+//! again for the same agent run as a Responses request and as a Messages request.
 
 use std::hint::black_box;
 
-use compactor::compaction::conversation::Conversation;
+use compactor::compaction::conversation::{Api, Conversation};
+use compactor::compaction::messages;
 use compactor::compaction::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::responses::{self, Parsed};
-use compactor::compaction::rewrite::{rewrite, summary_item, summary_message};
+use compactor::compaction::rewrite::{rewrite, summary_item, summary_message, Splice};
 use compactor::compaction::size_bound::{provably_under, ModelBounds};
 use compactor::compaction::summary_input::{self, InputSettings};
 use compactor::compaction::tokens::{ModelTable, TokenModel};
-use compactor::config::{ContextSize, Oversize, SummarizationConfig, SummaryRole};
+use compactor::config::{
+    ContextSize, Oversize, SummarizationConfig, SummaryPlacement, SummaryRole,
+};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
 
@@ -81,6 +84,46 @@ fn responses_conversation(target: usize) -> String {
     json!({"model": "gpt-4.1", "stream": true, "instructions": "You are a coding agent.", "input": items}).to_string()
 }
 
+/// The same agent run as an Anthropic Messages request: thinking and a `tool_use` in the
+/// assistant turn, the `tool_result` in the next user turn, the system prompt top-level.
+fn messages_conversation(target: usize) -> String {
+    let mut messages = Vec::new();
+    let mut i = 0;
+    let mut size = 0;
+    while size < target || i % 4 != 0 {
+        let message = match i % 4 {
+            0 => {
+                json!({"role": "user", "content": format!("Step {i}: please look at \"src/main.rs\" and fix the bug.\n你好，世界。")})
+            }
+            1 => {
+                json!({"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Read the file first.", "signature": "EqQB".repeat(40)},
+                    {"type": "tool_use", "id": format!("toolu_{i}"), "name": "Read", "input": {"file_path": format!("/repo/src/file_{i}.rs")}}]})
+            }
+            2 => {
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("toolu_{}", i - 1), "content": format!("fn main() {{\n    println!(\"{i}\");\n}}\n").repeat(12)}]})
+            }
+            _ => {
+                json!({"role": "assistant", "content": format!("I changed line {i}; the tests pass now. ").repeat(4)})
+            }
+        };
+        size += message.to_string().len();
+        messages.push(message);
+        i += 1;
+    }
+    messages.push(json!({"role": "user", "content": "What next?"}));
+    json!({"model": "claude-sonnet-4-5", "max_tokens": 4096, "stream": true,
+           "system": "You are a coding agent.\n".repeat(20), "messages": messages})
+    .to_string()
+}
+
+fn parse_messages(body: &[u8]) -> Conversation<'_> {
+    match messages::parse(body) {
+        Ok(Parsed::Conversation(conversation)) => conversation,
+        _ => panic!("expected a conversation"),
+    }
+}
+
 fn parse_responses(body: &[u8]) -> Conversation<'_> {
     match responses::parse(body) {
         Ok(Parsed::Conversation(conversation)) => conversation,
@@ -129,6 +172,7 @@ fn benches(c: &mut Criterion) {
         let over = settings(ContextSize::Messages(10));
         let summary = summary_message(&"summary text ".repeat(60), SummaryRole::User);
         let item = summary_item(&"summary text ".repeat(60));
+        let summary_text = "summary text ".repeat(60);
         group.bench_with_input(
             BenchmarkId::new("plan_and_rewrite", label),
             &body,
@@ -166,6 +210,39 @@ fn benches(c: &mut Criterion) {
                         panic!("expected a summarize plan");
                     };
                     black_box(rewrite(&conversation, &layout, &item).expect("valid"))
+                })
+            },
+        );
+        let messages_body = messages_conversation(size);
+        group.bench_with_input(
+            BenchmarkId::new("messages_under_trigger_check", label),
+            &messages_body,
+            |b, body| {
+                b.iter(|| {
+                    let conversation = parse_messages(black_box(body.as_bytes()));
+                    black_box(over_trigger(&conversation, &under, &model))
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("messages_plan_and_rewrite", label),
+            &messages_body,
+            |b, body| {
+                b.iter(|| {
+                    let conversation = parse_messages(black_box(body.as_bytes()));
+                    let plan = plan(&conversation, &over, &model, false, &mut NoCache);
+                    let Decision::Summarize { layout, .. } = plan.decision else {
+                        panic!("expected a summarize plan");
+                    };
+                    let splice = Splice::new(
+                        &conversation,
+                        &layout,
+                        SummaryRole::User,
+                        SummaryPlacement::Auto,
+                        Api::Messages,
+                    )
+                    .expect("valid");
+                    black_box(splice.apply(body.as_bytes(), &summary_text, SummaryRole::User))
                 })
             },
         );

@@ -122,7 +122,7 @@ pub(super) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
 
 /// A member name borrowed from the body unless it has escapes (serde's own `Cow<str>` always
 /// copies, which cost a third of the parse).
-struct MemberKey<'de>(Cow<'de, str>);
+pub(super) struct MemberKey<'de>(pub(super) Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for MemberKey<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

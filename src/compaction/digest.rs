@@ -5,8 +5,6 @@
 
 use std::borrow::Cow;
 
-use serde_json::Value;
-
 use super::conversation::Message;
 
 pub type Digest = [u8; 32];
@@ -171,45 +169,103 @@ fn decode_escape(body: &str, at: usize) -> (Result<char, u32>, usize) {
     }
 }
 
-/// Any JSON value with sorted keys and no whitespace (strings decoded).
+/// Any JSON value with sorted keys and no whitespace (strings decoded), written in the one
+/// serde pass that reads it: no document tree is built (block content, the bulk of an agent's
+/// history, would otherwise allocate every string it holds).
 fn canonical(raw: &str) -> Cow<'_, str> {
-    match serde_json::from_str::<Value>(raw) {
-        Ok(value) => {
-            let mut out = String::with_capacity(raw.len());
-            write_canonical(&value, &mut out);
-            Cow::Owned(out)
-        }
-        Err(_) => Cow::Borrowed(raw),
+    use serde::de::DeserializeSeed as _;
+    let mut out = Vec::with_capacity(raw.len());
+    let mut deserializer = serde_json::Deserializer::from_str(raw);
+    let written = Canonical(&mut out)
+        .deserialize(&mut deserializer)
+        .and_then(|()| deserializer.end());
+    match (written, String::from_utf8(out)) {
+        (Ok(()), Ok(text)) => Cow::Owned(text),
+        _ => Cow::Borrowed(raw),
     }
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String((*key).clone()).to_string());
-                out.push(':');
-                write_canonical(&map[*key], out);
-            }
-            out.push('}');
+/// Writes the canonical form of the value it deserializes into its buffer.
+struct Canonical<'o>(&'o mut Vec<u8>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Canonical<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl Canonical<'_> {
+    fn scalar<T: serde::Serialize, E: serde::de::Error>(self, value: T) -> Result<(), E> {
+        serde_json::to_writer(&mut *self.0, &value).map_err(E::custom)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
+        self.scalar(v)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        self.scalar(v)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        self.scalar(v)
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        // As serde_json's `Value` prints it: a non-finite number is null.
+        match serde_json::Number::from_f64(v) {
+            Some(number) => self.scalar(number),
+            None => self.scalar(()),
         }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        self.scalar(v)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.scalar(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.0.push(b'[');
+        let mut first = true;
+        loop {
+            let mark = self.0.len();
+            if !first {
+                self.0.push(b',');
             }
-            out.push(']');
+            if seq.next_element_seed(Canonical(&mut *self.0))?.is_none() {
+                self.0.truncate(mark);
+                break;
+            }
+            first = false;
         }
-        other => out.push_str(&other.to_string()),
+        self.0.push(b']');
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Values are written to one scratch buffer as they come, then emitted by sorted key.
+        let mut values = Vec::new();
+        let mut members: Vec<(Cow<'de, str>, std::ops::Range<usize>)> = Vec::new();
+        while let Some(super::conversation::MemberKey(key)) = map.next_key()? {
+            let start = values.len();
+            map.next_value_seed(Canonical(&mut values))?;
+            members.push((key, start..values.len()));
+        }
+        members.sort_by(|a, b| a.0.cmp(&b.0));
+        self.0.push(b'{');
+        for (i, (key, range)) in members.iter().enumerate() {
+            if i > 0 {
+                self.0.push(b',');
+            }
+            serde_json::to_writer(&mut *self.0, key.as_ref()).map_err(serde::de::Error::custom)?;
+            self.0.push(b':');
+            self.0.extend_from_slice(&values[range.clone()]);
+        }
+        self.0.push(b'}');
+        Ok(())
     }
 }
 
@@ -261,6 +317,73 @@ mod tests {
             r#"{"messages":[{"role":"user","content":"hi","name":"bob"}]}"#,
         ] {
             assert_ne!(base, digests(other), "{other}");
+        }
+    }
+
+    /// The document-tree form the streaming writer replaced: both must agree byte for byte.
+    fn canonical_by_tree(raw: &str) -> String {
+        fn write(value: &serde_json::Value, out: &mut String) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    let mut keys: Vec<&String> = map.keys().collect();
+                    keys.sort();
+                    out.push('{');
+                    for (i, key) in keys.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(&serde_json::Value::String((*key).clone()).to_string());
+                        out.push(':');
+                        write(&map[*key], out);
+                    }
+                    out.push('}');
+                }
+                serde_json::Value::Array(items) => {
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        write(item, out);
+                    }
+                    out.push(']');
+                }
+                other => out.push_str(&other.to_string()),
+            }
+        }
+        let mut out = String::new();
+        write(&serde_json::from_str(raw).unwrap(), &mut out);
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_streaming_canonical_form_is_the_tree_form(
+            value in {
+                use proptest::prelude::*;
+                let leaf = prop_oneof![
+                    Just(serde_json::Value::Null),
+                    any::<bool>().prop_map(serde_json::Value::from),
+                    any::<i64>().prop_map(serde_json::Value::from),
+                    any::<u64>().prop_map(serde_json::Value::from),
+                    (-1e6f64..1e6).prop_map(serde_json::Value::from),
+                    "(\\PC|[\"\\\\/\n\t\u{1}é😀]){0,12}".prop_map(serde_json::Value::from),
+                ];
+                leaf.prop_recursive(4, 40, 6, |inner| prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+                    proptest::collection::vec(("[a-z\"é]{0,4}", inner), 0..6)
+                        .prop_map(|members| serde_json::Value::Object(members.into_iter().collect())),
+                ])
+            },
+            pretty in proptest::prelude::any::<bool>(),
+        ) {
+            let raw = if pretty {
+                serde_json::to_string_pretty(&value).unwrap()
+            } else {
+                serde_json::to_string(&value).unwrap()
+            };
+            let (streamed, tree) = (canonical(&raw).into_owned(), canonical_by_tree(&raw));
+            proptest::prop_assert_eq!(streamed, tree);
         }
     }
 
