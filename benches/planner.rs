@@ -166,7 +166,14 @@ fn benches(c: &mut Criterion) {
             BenchmarkId::new("under_trigger_size_bound", label),
             &body,
             |b, body| {
-                b.iter(|| black_box(provably_under(black_box(body.as_bytes()), &under, &bounds)))
+                b.iter(|| {
+                    black_box(provably_under(
+                        black_box(body.as_bytes()),
+                        &under,
+                        &bounds,
+                        1.0,
+                    ))
+                })
             },
         );
         let over = settings(ContextSize::Messages(10));

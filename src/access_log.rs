@@ -77,7 +77,8 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
             tokens_after = c.token_counts().map(|(_, after)| after), messages_summarized = c.messages_summarized,
             summarizer_ms = c.summarizer_ms.unwrap_or(0), cache = c.cache_label(),
             coverage = c.coverage.map(|v| (v * 100.0).round() / 100.0),
-            headroom_unmet = c.headroom_unmet,
+            headroom_unmet = c.headroom_unmet, outputs_cleared = c.outputs_cleared,
+            messages_dropped = c.messages_dropped, precompute = c.precompute_started,
             "request"
         ),
     }

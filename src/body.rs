@@ -186,3 +186,47 @@ where
         }
     }
 }
+
+/// A body whose first bytes were already read (to look at an upstream's error): they go out
+/// first, then what is left of it, or the error that stopped the reading.
+pub struct Prefixed {
+    prefix: Option<Bytes>,
+    rest: Result<Option<ProxyBody>, Option<BoxError>>,
+}
+
+/// `prefix`, then `rest` (or the error that stopped reading it).
+pub fn prefixed(prefix: Bytes, rest: Result<Option<ProxyBody>, BoxError>) -> ProxyBody {
+    Prefixed {
+        prefix: Some(prefix).filter(|p| !p.is_empty()),
+        rest: rest.map_err(Some),
+    }
+    .boxed_unsync()
+}
+
+impl Body for Prefixed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        match &mut self.rest {
+            Ok(Some(rest)) => Pin::new(rest).poll_frame(cx),
+            Ok(None) => Poll::Ready(None),
+            Err(error) => Poll::Ready(error.take().map(Err)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none()
+            && match &self.rest {
+                Ok(Some(rest)) => rest.is_end_stream(),
+                Ok(None) => true,
+                Err(error) => error.is_none(),
+            }
+    }
+}

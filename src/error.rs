@@ -51,6 +51,8 @@ pub enum ProxyError {
     #[error("compaction failed and fail_mode is closed: {0}")]
     CompactionFailed(String),
     #[error("{0}")]
+    ContextTooLarge(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -70,6 +72,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::CompactionFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::ContextTooLarge(_) => StatusCode::BAD_REQUEST,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -86,7 +89,8 @@ impl ProxyError {
             | ProxyError::MissingKey
             | ProxyError::UnknownKey
             | ProxyError::ModelNotAllowed(_)
-            | ProxyError::NoUpstream(_) => Fault::Client,
+            | ProxyError::NoUpstream(_)
+            | ProxyError::ContextTooLarge(_) => Fault::Client,
             ProxyError::Overloaded(_) => Fault::Internal,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -125,6 +129,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::CompactionFailed(_) => "compaction_failed",
+            ProxyError::ContextTooLarge(_) => "context_too_large",
             ProxyError::Internal(_) => "internal_error",
         }
     }

@@ -9,12 +9,17 @@ pub const NOTICE: HeaderName = HeaderName::from_static("x-compactor-notice");
 /// Request headers that steer compactor itself and are never forwarded upstream.
 pub const CONTROL_HEADERS: [HeaderName; 2] = [CONTROL, NOTICE];
 
-/// Response header: what compaction did (`summarized`, `reused`, `failed`, `skipped`).
+/// Response header: what compaction did (`summarized`, `reused`, `cleared`, `truncated`,
+/// `failed`, `skipped`).
 pub const COMPACTION: HeaderName = HeaderName::from_static("x-compactor-compaction");
 /// Response header: the token estimate before compaction.
 pub const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
 /// Response header: the token estimate of what was forwarded.
 pub const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
+/// Response header: tool outputs the `clear_tool_outputs` stage replaced.
+pub const OUTPUTS_CLEARED: HeaderName = HeaderName::from_static("x-compactor-tool-outputs-cleared");
+/// Response header: messages the `truncate` stage dropped to fit the model's window.
+pub const MESSAGES_DROPPED: HeaderName = HeaderName::from_static("x-compactor-messages-dropped");
 /// Response header naming the error code on every response compactor generated itself.
 pub const PROXY_ERROR: HeaderName = HeaderName::from_static("x-compactor-error");
 /// Every response header compactor writes starts with this; an upstream may not send them.

@@ -15,9 +15,12 @@ use hyper::body::Incoming;
 
 use crate::access_log::{LoggedBody, RequestLog};
 use crate::auth::{Auth, AuthFailure, ClientKey};
-use crate::body::{self, ProxyBody, UpstreamBody};
+use crate::body::{self, prefixed, ProxyBody, UpstreamBody};
 use crate::compaction::conversation::Api;
 use crate::compaction::engine::{Compacted, CompactionEngine};
+use crate::compaction::failure::CompactionFailure;
+use crate::compaction::overflow::{self, may_be_overflow};
+use crate::compaction::prepare::Reactive;
 use crate::compaction::scope::Caller;
 use crate::config::Config;
 use crate::error::{ErrorShape, ProxyError};
@@ -179,6 +182,7 @@ async fn proxy(
     log.upstream = Some(upstream.name.clone());
 
     let mut compacted = None;
+    let mut retry = None;
     let body = match inbound {
         Inbound::Streaming(body) => body.boxed_unsync(),
         Inbound::Buffered(bytes) => match (&app.compaction, api) {
@@ -190,12 +194,21 @@ async fn proxy(
                         None => app.config.summarization.allow_force,
                     },
                 };
+                if app.config.summarization.reactive {
+                    retry = Some(Retry {
+                        engine,
+                        api,
+                        caller,
+                        original: bytes.clone(),
+                        headers: parts.headers.clone(),
+                    });
+                }
                 let result = engine
                     .compact(&parts.headers, bytes, &upstream.name, caller, api)
                     .await
                     .map_err(|refused| {
-                        log.compaction = Some(refused.outcome);
-                        ProxyError::CompactionFailed(refused.failure.to_string())
+                        log.compaction = Some(*refused.outcome);
+                        refused_error(refused.failure)
                     })?;
                 let body = body::full(result.body.clone());
                 compacted = Some(result);
@@ -206,11 +219,6 @@ async fn proxy(
     };
 
     let mut headers = parts.headers;
-    if let Some(result) = &compacted {
-        if result.rewritten {
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(result.body.len()));
-        }
-    }
     if key.is_some() {
         // The client's credential is a compactor key: it never leaves compactor.
         for name in CREDENTIALS {
@@ -220,13 +228,173 @@ async fn proxy(
     let uri = upstream
         .url_for(&rest, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
-    let upstream_request = upstream.prepare_request(parts.method, uri, headers, body);
-    let mut response = send(upstream, upstream_request, compacted.as_ref()).await?;
+    let target = Target {
+        upstream,
+        method: parts.method,
+        uri,
+    };
+    let mut response = if retry.is_some() {
+        target
+            .send(headers.clone(), body, compacted.as_ref())
+            .await?
+    } else {
+        target.send(headers, body, compacted.as_ref()).await?
+    };
+    if let Some(mut retry) = retry {
+        if may_be_overflow(response.status().as_u16()) {
+            if key.is_some() {
+                retry.headers = headers_without_credentials(retry.headers);
+            }
+            response = retry
+                .after_overflow(&target, response, &mut compacted)
+                .await?;
+        }
+    }
     if let Some(result) = compacted {
         result.outcome.write_headers(response.headers_mut());
         log.compaction = Some(result.outcome);
     }
     Ok(response)
+}
+
+/// The error a client gets when `fail_mode: closed` refuses a request compaction could not fix.
+fn refused_error(failure: CompactionFailure) -> ProxyError {
+    match failure {
+        CompactionFailure::ContextTooLarge { .. } => {
+            ProxyError::ContextTooLarge(failure.to_string())
+        }
+        failure => ProxyError::CompactionFailed(failure.to_string()),
+    }
+}
+
+fn headers_without_credentials(mut headers: HeaderMap) -> HeaderMap {
+    for name in CREDENTIALS {
+        headers.remove(name);
+    }
+    headers
+}
+
+/// Where a request goes upstream.
+struct Target<'u> {
+    upstream: &'u Upstream,
+    method: Method,
+    uri: http::Uri,
+}
+
+impl Target<'_> {
+    async fn send(
+        &self,
+        mut headers: HeaderMap,
+        body: ProxyBody,
+        compacted: Option<&Compacted>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        if let Some(result) = compacted.filter(|c| c.rewritten) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(result.body.len()));
+        }
+        let request =
+            self.upstream
+                .prepare_request(self.method.clone(), self.uri.clone(), headers, body);
+        send(self.upstream, request, compacted).await
+    }
+}
+
+/// Error bodies larger than this are not a context-length error worth reading.
+const OVERFLOW_BODY_LIMIT: usize = 64 * 1024;
+
+/// What a compacted request needs for its one retry after a context-length error.
+struct Retry<'e, 'k> {
+    engine: &'e CompactionEngine,
+    api: Api,
+    caller: Caller<'k>,
+    /// The client's body as it came.
+    original: Bytes,
+    /// The headers as sent upstream, before the body's length.
+    headers: HeaderMap,
+}
+
+impl Retry<'_, '_> {
+    /// `response` is an error: when it is the upstream's context-length error, the request is
+    /// compacted under the window it states and sent once more. The client gets the retry's
+    /// answer when it succeeds, else the upstream's first error as it came.
+    async fn after_overflow(
+        self,
+        target: &Target<'_>,
+        response: Response<ProxyBody>,
+        compacted: &mut Option<Compacted>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (parts, body) = response.into_parts();
+        let (error, rest) = read_bounded(body, OVERFLOW_BODY_LIMIT).await;
+        let first =
+            |error: Bytes, rest| Ok(Response::from_parts(parts.clone(), prefixed(error, rest)));
+        let overflow = match &rest {
+            Ok(None) => overflow::parse(parts.status.as_u16(), &error),
+            _ => None,
+        };
+        let Some(overflow) = overflow else {
+            return first(error, rest);
+        };
+        let forwarded = compacted.as_ref();
+        let reactive = Reactive {
+            overflow,
+            forwarded_tokens: forwarded
+                .and_then(|c| c.outcome.token_counts())
+                .map(|(_, after)| after),
+        };
+        let sent_before = forwarded.map(|c| c.body.clone());
+        let retried = self
+            .engine
+            .compact_after_overflow(
+                &self.headers,
+                self.original,
+                &target.upstream.name,
+                self.caller,
+                self.api,
+                reactive,
+            )
+            .await;
+        let Ok(again) = retried else {
+            return first(error, rest);
+        };
+        if !again.rewritten || sent_before.as_ref() == Some(&again.body) {
+            return first(error, rest);
+        }
+        tracing::info!(
+            upstream = %target.upstream.name,
+            "context-length error from the upstream: retrying once, compacted"
+        );
+        let body = body::full(again.body.clone());
+        let second = target.send(self.headers, body, Some(&again)).await;
+        match second {
+            Ok(response) if response.status().is_success() => {
+                *compacted = Some(again);
+                Ok(response)
+            }
+            _ => first(error, rest),
+        }
+    }
+}
+
+/// Reads up to `limit` bytes of a body: all of it (and `Ok(None)`), or the bytes read and what
+/// is left (`Ok(Some)`), or the bytes read and the error that stopped the reading.
+async fn read_bounded(
+    mut body: ProxyBody,
+    limit: usize,
+) -> (Bytes, Result<Option<ProxyBody>, body::BoxError>) {
+    let mut read = bytes::BytesMut::new();
+    loop {
+        if read.len() > limit {
+            return (read.freeze(), Ok(Some(body)));
+        }
+        match body.frame().await {
+            None => return (read.freeze(), Ok(None)),
+            Some(Err(error)) => return (read.freeze(), Err(error)),
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    read.extend_from_slice(data);
+                }
+            }
+        }
+    }
 }
 
 enum Inbound {

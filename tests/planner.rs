@@ -61,6 +61,7 @@ fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>
         // The reference's cases predate the span rule: any span is worth a summary here.
         min_span_tokens: 1,
         skills: skills_off(),
+        stages: Default::default(),
     }
 }
 

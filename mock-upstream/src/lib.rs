@@ -13,6 +13,8 @@
 //! - `x-mock-close: 1` — answer with `connection: close` and close the connection after it.
 //! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
 //!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
+//! - `x-mock-window: N`, `x-mock-window-style: openai | azure | responses | vllm | openrouter |
+//!   anthropic` — a context window of N tokens, refused with that provider's error ([`window`]).
 //!
 //! Requests to `/responses` get a Responses `response` object or a typed event stream, and their
 //! `input` is validated as OpenAI does (calls and outputs paired by `call_id`, a reasoning item
@@ -49,6 +51,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 pub mod anthropic;
+pub mod window;
 
 /// The error type of every body the mock serves.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,6 +95,8 @@ pub struct MockOptions {
     pub validate: bool,
     /// How many recent requests to keep for inspection.
     pub record: usize,
+    /// A context window enforced on every request ([`window`]).
+    pub window: Option<u64>,
 }
 
 impl Default for MockOptions {
@@ -103,6 +108,7 @@ impl Default for MockOptions {
             first_byte_delay: Duration::ZERO,
             validate: true,
             record: 256,
+            window: None,
         }
     }
 }
@@ -135,6 +141,7 @@ struct MockState {
     arrived: Notify,
     arrivals: AtomicUsize,
     connections: AtomicUsize,
+    window_refusals: AtomicUsize,
 }
 
 /// A running mock upstream; dropping it does not stop it (it lives as long as the runtime).
@@ -161,6 +168,11 @@ impl MockHandle {
     /// TCP connections accepted so far.
     pub fn connections(&self) -> usize {
         self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Requests refused for not fitting the context window.
+    pub fn window_refusals(&self) -> usize {
+        self.state.window_refusals.load(Ordering::SeqCst)
     }
 
     /// Chat-completion requests served (validated ones included, faults excluded).
@@ -455,6 +467,22 @@ async fn serve_request(
         };
         if let Err((message, param)) = checked {
             return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
+        }
+    }
+    let limit = header_num::<u64>(&parts.headers, "x-mock-window").or(options.window);
+    if let Some(limit) = limit {
+        let style = header_str(&parts.headers, "x-mock-window-style")
+            .and_then(window::Style::parse)
+            .unwrap_or(if messages_api {
+                window::Style::Anthropic
+            } else if responses_api {
+                window::Style::Responses
+            } else {
+                window::Style::OpenAi
+            });
+        if let Some((status, body)) = window::check(&request, limit, style) {
+            state.window_refusals.fetch_add(1, Ordering::SeqCst);
+            return Ok(full(status, "application/json", body));
         }
     }
     state.chat_calls.fetch_add(1, Ordering::SeqCst);

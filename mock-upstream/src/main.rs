@@ -30,6 +30,9 @@ struct Cli {
     /// Recent requests kept for inspection (0 for benchmarks).
     #[arg(long, default_value_t = 0)]
     record: usize,
+    /// A context window (the mock's own token count) refused with the provider's error.
+    #[arg(long)]
+    window: Option<u64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +48,7 @@ fn main() -> std::process::ExitCode {
         first_byte_delay: Duration::from_millis(cli.first_byte_delay_ms),
         validate: !cli.no_validate,
         record: cli.record,
+        window: cli.window,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

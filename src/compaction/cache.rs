@@ -27,6 +27,9 @@ pub struct SummaryCache {
     entries: Cache<CacheKey, Arc<CachedSummary>, SummaryWeight>,
     /// Layouts whose summary came back no smaller than what it replaced: not paid for again.
     too_large: Cache<CacheKey, ()>,
+    /// Summaries made ahead of need that no request has used yet: the first to use one
+    /// carries the notice, as the first request the client sees compacted.
+    made_ahead: Cache<CacheKey, ()>,
 }
 
 impl SummaryCache {
@@ -35,7 +38,18 @@ impl SummaryCache {
         SummaryCache {
             entries: Cache::with_weighter(estimated_items, max_bytes, SummaryWeight),
             too_large: Cache::new(estimated_items),
+            made_ahead: Cache::new(estimated_items),
         }
+    }
+
+    /// Marks the summary under `key` as made ahead of need, not yet used.
+    pub fn mark_made_ahead(&self, key: CacheKey) {
+        self.made_ahead.insert(key, ());
+    }
+
+    /// Whether the summary under `key` was made ahead and this is its first use.
+    pub fn take_made_ahead(&self, key: &CacheKey) -> bool {
+        self.made_ahead.remove(key).is_some()
     }
 
     pub fn get(&self, key: &CacheKey) -> Option<Arc<CachedSummary>> {

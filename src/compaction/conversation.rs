@@ -257,6 +257,17 @@ pub struct Message<'a> {
     /// The last `cache_control` among an Anthropic message's blocks: a prompt-cache
     /// breakpoint a summary of this message inherits.
     pub cache_breakpoint: Option<Json<'a>>,
+    /// The tool outputs this message carries, each a value the `clear_tool_outputs` stage may
+    /// replace with a placeholder: a tool message's `content`, a Responses output item's
+    /// `output`, each `tool_result` block's `content` of an Anthropic user turn.
+    pub tool_outputs: Vec<ToolOutput<'a>>,
+}
+
+/// One tool output inside a message: its raw value and the call it answers.
+#[derive(Debug, Clone)]
+pub struct ToolOutput<'a> {
+    pub value: Json<'a>,
+    pub call_id: Cow<'a, str>,
 }
 
 /// A parsed chat-completions request: the messages, and where they sit in the body.
@@ -273,6 +284,8 @@ pub struct Conversation<'a> {
     instructions: Option<&'a RawValue>,
     /// Tokens the caller reserved for the answer (`max_completion_tokens`, else `max_tokens`).
     pub output_reserve: u64,
+    /// The API whose front-end read it: a message made anew (a cleared copy) is read back by it.
+    pub api: Api,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -306,6 +319,7 @@ impl<'a> Conversation<'a> {
             functions: view.functions,
             instructions: None,
             output_reserve: view.max_completion_tokens.or(view.max_tokens).unwrap_or(0),
+            api: Api::ChatCompletions,
         })
     }
 
@@ -325,6 +339,7 @@ impl<'a> Conversation<'a> {
         tools: Option<&'a RawValue>,
         instructions: Option<&'a RawValue>,
         output_reserve: u64,
+        api: Api,
     ) -> Conversation<'a> {
         let text = std::str::from_utf8(body).unwrap_or("");
         let messages_span = array_span(text, &messages);
@@ -337,6 +352,7 @@ impl<'a> Conversation<'a> {
             functions: None,
             instructions,
             output_reserve,
+            api,
         }
     }
 
@@ -496,7 +512,9 @@ impl<'a> Message<'a> {
             opaque: None,
             binds_next: false,
             cache_breakpoint: None,
-        })
+            tool_outputs: Vec::new(),
+        }
+        .with_own_output())
     }
 
     /// One item of another API, already taken apart by its front-end; `raw` is its bytes.
@@ -526,7 +544,22 @@ impl<'a> Message<'a> {
             opaque: opaque.map(Json),
             binds_next,
             cache_breakpoint: None,
+            tool_outputs: Vec::new(),
         }
+        .with_own_output()
+    }
+
+    /// A tool message whose content is its output (chat completions, Responses) lists it.
+    fn with_own_output(mut self) -> Self {
+        if self.role == Role::Tool && self.opaque.is_none() {
+            if let (Some(value), Some(id)) = (self.content, &self.tool_call_id) {
+                self.tool_outputs.push(ToolOutput {
+                    value,
+                    call_id: id.clone(),
+                });
+            }
+        }
+        self
     }
 
     /// Every call id this message answers.
@@ -621,6 +654,13 @@ pub(super) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
 
 /// Adds the characters of a content value: a string, or an array of parts (text counted,
 /// images flat, anything else by its JSON size so nothing is free).
+/// Tokens of one content value (a string or an array of parts), as a message counts it.
+pub(super) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
+    let (mut chars, mut images) = (CharCount::default(), 0);
+    content_chars(Json(raw), &mut chars, &mut images);
+    model.tokens(chars) + images * model.image_tokens
+}
+
 fn content_chars(raw: Json<'_>, chars: &mut CharCount, images: &mut u64) {
     let text = raw.get();
     if text.starts_with('"') {

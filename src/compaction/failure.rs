@@ -19,6 +19,10 @@ pub enum CompactionFailure {
     TooManyCalls { calls: u64, cap: u64 },
     #[error("the planning task did not complete")]
     Internal,
+    #[error(
+        "the request is about {tokens} tokens after every compaction stage, over the {window} tokens the model's window leaves for it"
+    )]
+    ContextTooLarge { tokens: u64, window: u64 },
 }
 
 impl CompactionFailure {
@@ -36,6 +40,7 @@ impl CompactionFailure {
             CompactionFailure::TooManyCalls { .. } => "budget",
             CompactionFailure::Refused(Refusal::CircuitOpen) => "circuit_open",
             CompactionFailure::Internal => "internal_error",
+            CompactionFailure::ContextTooLarge { .. } => "context_too_large",
         }
     }
 }

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 
 use super::conversation::{
     object_span, offset_in, raw_members, string_value, Conversation, Json, Message, ParseError,
-    Role, ToolCall,
+    Role, ToolCall, ToolOutput,
 };
 use super::responses::Parsed;
 
@@ -135,12 +135,19 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.tools,
         view.system.filter(|raw| raw.get() != "null"),
         view.max_tokens.unwrap_or(0),
+        super::conversation::Api::Messages,
     )))
 }
 
 enum Unplannable {
     LeaveAlone(&'static str),
     Bad(String),
+}
+
+/// One message read on its own (a copy made by a stage), as [`parse`] reads each message.
+pub(super) fn parse_message(raw: &str) -> Option<Message<'_>> {
+    let fields: MessageFields<'_> = serde_json::from_str(raw).ok()?;
+    message(raw, &fields).ok()
 }
 
 fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, Unplannable> {
@@ -160,6 +167,7 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
     let content = fields.content.filter(|raw| *raw != "null");
     let mut calls = Vec::new();
     let mut answers = Vec::new();
+    let mut outputs = Vec::new();
     let mut breakpoint = None;
     if let Some(blocks) = content.filter(|raw| raw.starts_with('[')) {
         let blocks: Vec<BlockView<'a>> =
@@ -176,7 +184,14 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
                     arguments_raw: block.input.map(|raw| Json::of(raw.get())),
                 }),
                 Some("tool_result") if !assistant => {
-                    answers.push(block.tool_use_id.unwrap_or(Cow::Borrowed("")));
+                    let id = block.tool_use_id.unwrap_or(Cow::Borrowed(""));
+                    if let Some(value) = block.content.filter(|raw| raw.get() != "null") {
+                        outputs.push(ToolOutput {
+                            value: Json::of(value.get()),
+                            call_id: id.clone(),
+                        });
+                    }
+                    answers.push(id);
                     let nested = block.content.filter(|raw| raw.get().starts_with('['));
                     if let Some(nested) = nested {
                         let nested: Vec<NestedBlock<'a>> = serde_json::from_str(nested.get())
@@ -195,6 +210,7 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
     if !answers.is_empty() {
         message.role = Role::Tool;
         message.more_answers = answers;
+        message.tool_outputs = outputs;
     }
     message.cache_breakpoint = breakpoint.map(|raw| Json::of(raw.get()));
     Ok(message)

@@ -9,6 +9,7 @@
 
 pub mod budget;
 pub mod cache;
+pub mod clearing;
 pub mod control;
 pub mod conversation;
 pub mod digest;
@@ -17,7 +18,9 @@ pub mod failure;
 pub mod messages;
 pub mod offload;
 mod outcome;
+pub mod overflow;
 pub mod plan;
+pub mod prepare;
 pub mod responses;
 pub mod rewrite;
 pub mod scope;
@@ -28,5 +31,6 @@ pub mod structure;
 pub mod summarizer;
 pub mod summary_input;
 pub mod tokens;
+pub mod windows;
 
 pub use outcome::{CacheUse, Outcome, OutcomeKind};

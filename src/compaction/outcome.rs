@@ -12,6 +12,10 @@ pub enum OutcomeKind {
     Summarized,
     /// A cached summary was used without any summarizer call.
     Reused,
+    /// Only old tool outputs were cleared (the `clear_tool_outputs` stage); no summary.
+    Cleared,
+    /// The oldest messages were dropped to fit the model's window (the `truncate` stage).
+    Truncated,
     /// Compaction was needed but could not run; the original request was forwarded.
     Failed,
 }
@@ -39,6 +43,12 @@ pub struct Outcome {
     /// Whether the tokens were counted: a request skipped before its body was read (switched
     /// off, planner busy, under every trigger by its size alone) has no count to report.
     pub counted: bool,
+    /// Tool outputs the `clear_tool_outputs` stage replaced with placeholders.
+    pub outputs_cleared: usize,
+    /// Messages the `truncate` stage dropped.
+    pub messages_dropped: usize,
+    /// A summary for this conversation's coming cut was started in the background.
+    pub precompute_started: bool,
 }
 
 impl Outcome {
@@ -54,6 +64,9 @@ impl Outcome {
             headroom_unmet: false,
             reason,
             counted: true,
+            outputs_cleared: 0,
+            messages_dropped: 0,
+            precompute_started: false,
         }
     }
 
@@ -76,6 +89,8 @@ impl Outcome {
             OutcomeKind::Skipped => "skipped",
             OutcomeKind::Summarized => "summarized",
             OutcomeKind::Reused => "reused",
+            OutcomeKind::Cleared => "cleared",
+            OutcomeKind::Truncated => "truncated",
             OutcomeKind::Failed => "failed",
         }
     }
@@ -93,6 +108,18 @@ impl Outcome {
         if let Some((before, after)) = self.token_counts() {
             headers.insert(headers::TOKENS_BEFORE, HeaderValue::from(before));
             headers.insert(headers::TOKENS_AFTER, HeaderValue::from(after));
+        }
+        if self.outputs_cleared > 0 {
+            headers.insert(
+                headers::OUTPUTS_CLEARED,
+                HeaderValue::from(self.outputs_cleared),
+            );
+        }
+        if self.messages_dropped > 0 {
+            headers.insert(
+                headers::MESSAGES_DROPPED,
+                HeaderValue::from(self.messages_dropped),
+            );
         }
     }
 }

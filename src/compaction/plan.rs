@@ -5,12 +5,60 @@
 //! which messages stay verbatim and where. Everything it returns is checked again by
 //! [`super::rewrite::validate`] before a byte is sent.
 
+use super::clearing::{clear_outputs, Cleared};
 use super::conversation::{Conversation, Role};
 use super::digest::{prefix_chain, Digest};
 use super::skills::{skill_bundles, SkillBundle, SkillRescue};
 use super::structure::{validate_layout, Groups, Layout, Split};
 use super::tokens::TokenModel;
-use crate::config::{ContextSize, SummarizationConfig};
+use crate::config::{ContextSize, Stage, SummarizationConfig};
+
+/// Tokens assumed for the note that takes the place of truncated messages.
+pub const OMISSION_ESTIMATE_TOKENS: u64 = 48;
+
+/// The stages a request may go through, cheapest first (`summarization.stages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stages {
+    /// `clear_tool_outputs`: outputs of at least this many tokens, outside the kept tail.
+    pub clear_min_tokens: Option<u64>,
+    pub summarize: bool,
+    pub truncate: bool,
+}
+
+impl Default for Stages {
+    /// Today's behaviour: a summary, nothing else.
+    fn default() -> Self {
+        Stages {
+            clear_min_tokens: None,
+            summarize: true,
+            truncate: false,
+        }
+    }
+}
+
+impl Stages {
+    pub fn from_config(config: &SummarizationConfig) -> Stages {
+        let has = |stage| config.stages.contains(&stage);
+        Stages {
+            clear_min_tokens: has(Stage::ClearToolOutputs)
+                .then_some(config.clear_tool_outputs.min_tokens),
+            summarize: has(Stage::Summarize),
+            truncate: has(Stage::Truncate),
+        }
+    }
+}
+
+/// What a plan is for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// Compact when a trigger is reached.
+    Normal,
+    /// `x-compactor: force`: compact even under every trigger.
+    Force,
+    /// Precompute: the request is at `factor ×` a trigger; plan the summary its conversation
+    /// will need once it crosses the trigger, so that it is ready by then.
+    Ahead { factor: f64 },
+}
 
 /// The settings the planner reads, in the reference's vocabulary.
 #[derive(Debug, Clone)]
@@ -24,6 +72,7 @@ pub struct PlanSettings {
     /// The least a summary must cover to be worth a call: clearly more than the summary itself.
     pub min_span_tokens: u64,
     pub skills: SkillRescue,
+    pub stages: Stages,
 }
 
 impl PlanSettings {
@@ -42,6 +91,7 @@ impl PlanSettings {
                 tool_names: config.skill_file_read_tool_names.clone(),
                 container_path: config.skills_container_path.clone(),
             },
+            stages: Stages::from_config(config),
         }
     }
 }
@@ -87,9 +137,17 @@ enum Threshold {
     Messages(u64),
 }
 
+impl Threshold {
+    fn value(self) -> u64 {
+        match self {
+            Threshold::Tokens(v) | Threshold::Messages(v) => v,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Forward the original bytes.
+    /// Forward the original bytes (with the cleared outputs of [`Plan::cleared`], if any).
     PassThrough { reason: &'static str },
     /// Use this cached summary; no summarizer call.
     Reuse {
@@ -115,8 +173,19 @@ pub struct Plan {
     pub chain: Option<Vec<Digest>>,
     pub cache_consulted: bool,
     pub cache_hit: bool,
-    /// Each message's token count, when the request was over a trigger.
+    /// Each message's token count (after clearing), when the request was over a trigger.
     pub message_tokens: Vec<u64>,
+    /// Messages whose old tool outputs the `clear_tool_outputs` stage replaced; they are
+    /// forwarded (and shown to the summarizer) as these copies wherever they go.
+    pub cleared: Cleared,
+    /// Tokens of the request with the outputs cleared (and nothing else changed).
+    pub tokens_cleared: u64,
+    /// The model's window less the output reserve, when the window is known: the most the
+    /// request may be.
+    pub window: Option<u64>,
+    /// With the `truncate` stage, when the request (cleared) reaches the window: the layout
+    /// that drops the oldest whole groups until it fits, for when no summary can be had.
+    pub truncation: Option<Layout>,
 }
 
 /// Per-request facts every step reads.
@@ -137,6 +206,16 @@ struct Analysis {
     skill_bundles: Vec<SkillBundle>,
 }
 
+/// What a layout must fit under, besides the factor of each threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Goal {
+    /// As the request is now.
+    Now,
+    /// Planning ahead: the request (as forwarded) is this size now and will grow until it
+    /// reaches each threshold, so each threshold's coming growth is counted in.
+    AheadOf { tokens: u64, messages: u64 },
+}
+
 /// Plans one request. `force` compacts even under every trigger (`x-compactor: force`).
 pub fn plan(
     conversation: &Conversation<'_>,
@@ -145,9 +224,24 @@ pub fn plan(
     force: bool,
     cache: &mut dyn SummaryLookup,
 ) -> Plan {
+    let mode = if force { Mode::Force } else { Mode::Normal };
+    plan_in(conversation, settings, model, mode, cache)
+}
+
+/// Plans one request for `mode`.
+pub fn plan_in(
+    conversation: &Conversation<'_>,
+    settings: &PlanSettings,
+    model: &TokenModel,
+    mode: Mode,
+    cache: &mut dyn SummaryLookup,
+) -> Plan {
     let tokens = conversation.message_tokens(model);
     let thresholds = thresholds(settings, model, conversation.output_reserve);
-    let tokens_before = conversation.schema_tokens(model) + tokens.iter().sum::<u64>();
+    let window = window(model, conversation.output_reserve);
+    let schema_tokens = conversation.schema_tokens(model);
+    let tokens_before = schema_tokens + tokens.iter().sum::<u64>();
+    let count = conversation.messages.len() as u64;
     let pass = |reason| Plan {
         decision: Decision::PassThrough { reason },
         tokens_before,
@@ -155,21 +249,51 @@ pub fn plan(
         cache_consulted: false,
         cache_hit: false,
         message_tokens: Vec::new(),
+        cleared: Vec::new(),
+        tokens_cleared: tokens_before,
+        window,
+        truncation: None,
     };
     // Threshold first: under every trigger nothing else is computed and the cache is not read.
-    if !force
-        && !over_any(
-            &thresholds,
-            tokens_before,
-            conversation.messages.len() as u64,
-            1.0,
-        )
-    {
+    let reached = |tokens: u64| match mode {
+        Mode::Normal => over_any(&thresholds, tokens, count, 1.0),
+        Mode::Force => true,
+        Mode::Ahead { factor } => over_any(&thresholds, tokens, count, factor),
+    };
+    if !reached(tokens_before) {
         return pass("under_trigger");
     }
-    let analysis = Analysis::new(conversation, settings, model, tokens, thresholds);
+    let mut analysis = Analysis::new(conversation, settings, model, tokens, thresholds.clone());
+    let cleared = match settings.stages.clear_min_tokens {
+        Some(min_tokens) => analysis.clear(conversation, settings, min_tokens),
+        None => Vec::new(),
+    };
+    let tokens_cleared = schema_tokens + analysis.suffix[0];
+    let truncation = window
+        .filter(|&window| settings.stages.truncate && tokens_cleared >= window)
+        .and_then(|window| analysis.truncation(conversation, window));
+    // Each path below ends with exactly one call.
+    let finish = move |decision, chain: Option<Vec<Digest>>, cache_hit, analysis: Analysis| Plan {
+        decision,
+        tokens_before,
+        cache_consulted: chain.is_some(),
+        chain,
+        cache_hit,
+        message_tokens: analysis.tokens,
+        cleared,
+        tokens_cleared,
+        window,
+        truncation,
+    };
+    let pass_through = |reason| Decision::PassThrough { reason };
+    if tokens_cleared < tokens_before && !reached(tokens_cleared) {
+        return finish(pass_through("cleared_under_trigger"), None, false, analysis);
+    }
+    if !settings.stages.summarize {
+        return finish(pass_through("no_summarize_stage"), None, false, analysis);
+    }
     if analysis.max_cut <= analysis.head {
-        return pass("nothing_to_summarize");
+        return finish(pass_through("nothing_to_summarize"), None, false, analysis);
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
     // The longest cached prefix: summaries are only ever stored at valid cuts.
@@ -179,26 +303,26 @@ pub fn plan(
         .find_map(|len| cache.get(&chain[len]).filter(|c| c.cut == len))
         .filter(|c| analysis.usable(c));
     let mut decision = match &cached {
-        Some(summary) => analysis.plan_with_cache(settings, summary.clone(), force),
-        None => analysis.plan_fresh(settings),
+        Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
+        None => {
+            let goal = match mode {
+                Mode::Ahead { .. } => Goal::AheadOf {
+                    tokens: tokens_cleared,
+                    messages: count,
+                },
+                _ => Goal::Now,
+            };
+            analysis.plan_fresh(settings, goal)
+        }
     };
     // A layout whose verbatim messages do not form a valid list (the request itself has an
     // unanswered call or an orphan result) is never worth a summarizer call.
     if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
         if validate_layout(&conversation.messages, layout).is_err() {
-            decision = Decision::PassThrough {
-                reason: "invalid_tool_structure",
-            };
+            decision = pass_through("invalid_tool_structure");
         }
     }
-    Plan {
-        decision,
-        tokens_before,
-        cache_hit: cached.is_some(),
-        chain: Some(chain),
-        cache_consulted: true,
-        message_tokens: analysis.tokens,
-    }
+    finish(decision, Some(chain), cached.is_some(), analysis)
 }
 
 /// Whether the request is over any trigger (threshold-first check, nothing else computed).
@@ -216,12 +340,20 @@ pub fn over_trigger(
     )
 }
 
+/// The configured triggers, and the model's window: a request that reaches the window is
+/// compacted whatever the triggers say.
 fn thresholds(settings: &PlanSettings, model: &TokenModel, output_reserve: u64) -> Vec<Threshold> {
     settings
         .triggers
         .iter()
         .filter_map(|size| threshold(*size, model, output_reserve))
+        .chain(window(model, output_reserve).map(Threshold::Tokens))
         .collect()
+}
+
+/// The model's window less what the request reserves for its answer.
+fn window(model: &TokenModel, output_reserve: u64) -> Option<u64> {
+    threshold(ContextSize::Fraction(1.0), model, output_reserve).map(Threshold::value)
 }
 
 /// Whether (tokens, messages) reach `factor ×` any threshold (`>=`).
@@ -274,16 +406,64 @@ impl Analysis {
         self.tokens.len()
     }
 
-    fn over_any(&self, tokens: u64, messages: u64, factor: f64) -> bool {
-        over_any(&self.thresholds, tokens, messages, factor)
+    /// The `clear_tool_outputs` stage: every tool output of at least `min_tokens` before the
+    /// tail `keep` keeps, except skill reads (instructions the agent still follows, which skill
+    /// rescue may keep whole). Counts the cleared copies from then on.
+    fn clear(
+        &mut self,
+        conversation: &Conversation<'_>,
+        settings: &PlanSettings,
+        min_tokens: u64,
+    ) -> Cleared {
+        let kept_from = self.boundary_at_or_before(self.keep_cut(settings.keep));
+        let skill_reads: Vec<usize> = self
+            .skill_bundles
+            .iter()
+            .flat_map(|bundle| bundle.members.iter().copied())
+            .collect();
+        let candidates = (self.head..kept_from)
+            .filter(|i| conversation.messages[*i].role == Role::Tool && !skill_reads.contains(i));
+        let cleared = clear_outputs(conversation, candidates, min_tokens, &self.model);
+        for (i, message) in &cleared {
+            self.tokens[*i] = message.tokens;
+        }
+        for i in (0..self.n()).rev() {
+            self.suffix[i] = self.suffix[i + 1] + self.tokens[i];
+        }
+        cleared
+    }
+
+    /// Whether (tokens, messages) reach `factor ×` any threshold, with each threshold's coming
+    /// growth counted in when planning ahead.
+    fn over(&self, tokens: u64, messages: u64, factor: f64, goal: Goal) -> bool {
+        match goal {
+            Goal::Now => over_any(&self.thresholds, tokens, messages, factor),
+            Goal::AheadOf {
+                tokens: now_tokens,
+                messages: now_messages,
+            } => self.thresholds.iter().any(|t| {
+                let (measure, now) = match t {
+                    Threshold::Tokens(_) => (tokens, now_tokens),
+                    Threshold::Messages(_) => (messages, now_messages),
+                };
+                let growth = t.value().saturating_sub(now);
+                (measure + growth) as f64 >= factor * t.value() as f64
+            }),
+        }
     }
 
     /// Whether the compacted size satisfies headroom (strictly under `headroom × threshold`);
     /// always, with headroom off (`keep` alone decides, as in the reference).
-    fn within_headroom(&self, tokens: u64, messages: u64, headroom: Option<f64>) -> bool {
+    fn within_headroom(
+        &self,
+        tokens: u64,
+        messages: u64,
+        headroom: Option<f64>,
+        goal: Goal,
+    ) -> bool {
         match headroom {
             None => true,
-            Some(h) => !self.over_any(tokens, messages, h),
+            Some(h) => !self.over(tokens, messages, h, goal),
         }
     }
 
@@ -377,6 +557,7 @@ impl Analysis {
         mut excluded: Vec<usize>,
         summary_tokens: u64,
         factor: f64,
+        goal: Goal,
     ) -> (Vec<usize>, Vec<Split>) {
         let skills = &settings.skills;
         let mut splits = Vec::new();
@@ -403,7 +584,7 @@ impl Analysis {
             }
             let with_tokens = tokens + bundle.tokens;
             let with_messages = messages + bundle.members.len() as u64;
-            if self.over_any(with_tokens, with_messages, factor) {
+            if self.over(with_tokens, with_messages, factor, goal) {
                 continue;
             }
             (tokens, messages) = (with_tokens, with_messages);
@@ -432,10 +613,10 @@ impl Analysis {
         mut cut: usize,
         floor: usize,
         carried: &[usize],
-        summary_tokens: u64,
+        goal: Goal,
     ) -> Layout {
         loop {
-            let (layout, fits) = self.layout_at(settings, cut, floor, carried, summary_tokens);
+            let (layout, fits) = self.layout_at(settings, cut, floor, carried, goal);
             match self.next_boundary(cut) {
                 Some(next) if !fits => cut = next,
                 _ => return layout,
@@ -443,26 +624,35 @@ impl Analysis {
         }
     }
 
-    /// The layout of one cut, and whether it is within headroom.
+    /// The layout of one cut (with the summary's estimate), and whether it is within headroom.
     fn layout_at(
         &self,
         settings: &PlanSettings,
         cut: usize,
         floor: usize,
         carried: &[usize],
-        summary_tokens: u64,
+        goal: Goal,
     ) -> (Layout, bool) {
+        let summary_tokens = settings.summary_estimate_tokens;
         let moved = self.moved_user(cut, floor, carried);
         let (tokens, messages) = self.projected(cut, &moved, summary_tokens);
-        let fits = self.within_headroom(tokens, messages, settings.headroom);
+        let fits = self.within_headroom(tokens, messages, settings.headroom, goal);
         // Under headroom, rescues must keep it; where even the minimal tail misses it, they may
         // not push the request over a trigger.
         let factor = match settings.headroom {
             Some(h) if fits => h,
             _ => 1.0,
         };
-        let (excluded, splits) =
-            self.rescue(settings, cut, floor, carried, moved, summary_tokens, factor);
+        let (excluded, splits) = self.rescue(
+            settings,
+            cut,
+            floor,
+            carried,
+            moved,
+            summary_tokens,
+            factor,
+            goal,
+        );
         let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
         let layout = Layout {
             head: self.head,
@@ -473,6 +663,32 @@ impl Analysis {
             headroom_unmet: !fits,
         };
         (layout, fits)
+    }
+
+    /// The `truncate` stage's layout: the fewest oldest whole groups after the pinned head
+    /// dropped (the latest user message kept, moved up when it falls in the dropped span) so
+    /// that the request, with a short note in their place, is under `window`. None when even
+    /// the last group alone is not, or the remaining messages do not form a valid list.
+    fn truncation(&self, conversation: &Conversation<'_>, window: u64) -> Option<Layout> {
+        let mut cut = self.next_boundary(self.head)?;
+        loop {
+            let moved = self.moved_user(cut, self.head, &[]);
+            let (tokens, _) = self.projected(cut, &moved, OMISSION_ESTIMATE_TOKENS);
+            if tokens < window {
+                let layout = Layout {
+                    head: self.head,
+                    cut,
+                    excluded: moved,
+                    splits: Vec::new(),
+                    projected_tokens: tokens,
+                    headroom_unmet: false,
+                };
+                return validate_layout(&conversation.messages, &layout)
+                    .is_ok()
+                    .then_some(layout);
+            }
+            cut = self.next_boundary(cut)?;
+        }
     }
 
     /// Moves the cut on, group by group, until what the summary covers (`new` says which
@@ -486,6 +702,7 @@ impl Analysis {
         floor: usize,
         carried: &[usize],
         new: impl Fn(usize) -> bool,
+        goal: Goal,
     ) -> Option<(Layout, Vec<usize>)> {
         loop {
             let to_summarize = layout.summarized(self.head, &new);
@@ -494,34 +711,20 @@ impl Analysis {
                 return Some((layout, to_summarize));
             }
             let next = self.next_boundary(layout.cut)?;
-            layout = self
-                .layout_at(
-                    settings,
-                    next,
-                    floor,
-                    carried,
-                    settings.summary_estimate_tokens,
-                )
-                .0;
+            layout = self.layout_at(settings, next, floor, carried, goal).0;
         }
     }
 
-    fn plan_fresh(&self, settings: &PlanSettings) -> Decision {
+    fn plan_fresh(&self, settings: &PlanSettings, goal: Goal) -> Decision {
         let start = self.boundary_at_or_before(self.keep_cut(settings.keep));
-        let layout = self.apply_headroom(
-            settings,
-            start,
-            self.head,
-            &[],
-            settings.summary_estimate_tokens,
-        );
+        let layout = self.apply_headroom(settings, start, self.head, &[], goal);
         if layout.summarized(self.head, |_| true).is_empty() {
             return Decision::PassThrough {
                 reason: "nothing_to_summarize",
             };
         }
         let Some((layout, to_summarize)) =
-            self.widen_to_span(settings, layout, self.head, &[], |_| true)
+            self.widen_to_span(settings, layout, self.head, &[], |_| true, goal)
         else {
             return Decision::PassThrough {
                 reason: "span_too_small",
@@ -539,7 +742,7 @@ impl Analysis {
         &self,
         settings: &PlanSettings,
         cached: CachedSummary,
-        force: bool,
+        mode: Mode,
     ) -> Decision {
         let (tokens, messages) = self.projected(cached.cut, &cached.excluded, cached.tokens);
         let reuse_layout = |headroom_unmet| Layout {
@@ -550,23 +753,28 @@ impl Analysis {
             projected_tokens: tokens,
             headroom_unmet,
         };
-        // Sticky boundary: while the compacted request stays under every trigger, reuse.
-        if !force && !self.over_any(tokens, messages, 1.0) {
+        // Sticky boundary: while the compacted request stays under every trigger, reuse; ahead
+        // of need, while it stays under the share of them that starts a new summary.
+        let sticky = match mode {
+            Mode::Normal => Some(1.0),
+            Mode::Ahead { factor } => Some(factor),
+            Mode::Force => None,
+        };
+        if sticky.is_some_and(|factor| !self.over(tokens, messages, factor, Goal::Now)) {
             return Decision::Reuse {
                 layout: reuse_layout(false),
                 summary: cached,
             };
         }
+        // Ahead of need, the request as forwarded is the cached layout: it grows from there.
+        let goal = match mode {
+            Mode::Ahead { .. } => Goal::AheadOf { tokens, messages },
+            _ => Goal::Now,
+        };
         let start = self
             .boundary_at_or_before(self.keep_cut(settings.keep))
             .max(cached.cut);
-        let layout = self.apply_headroom(
-            settings,
-            start,
-            cached.cut,
-            &cached.excluded,
-            settings.summary_estimate_tokens,
-        );
+        let layout = self.apply_headroom(settings, start, cached.cut, &cached.excluded, goal);
         let new = |i: usize| {
             i >= cached.cut
                 || (cached.excluded.contains(&i) && !cached.splits.iter().any(|s| s.message == i))
@@ -579,7 +787,7 @@ impl Analysis {
             };
         }
         let Some((layout, to_summarize)) =
-            self.widen_to_span(settings, layout, cached.cut, &cached.excluded, new)
+            self.widen_to_span(settings, layout, cached.cut, &cached.excluded, new, goal)
         else {
             // Nothing new worth a call: the cached summary is as far as compaction goes.
             return Decision::Reuse {

@@ -212,12 +212,19 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.tools,
         view.instructions.filter(|raw| raw.get() != "null"),
         view.max_output_tokens.unwrap_or(0),
+        super::conversation::Api::Responses,
     )))
 }
 
 enum Unplannable {
     LeaveAlone(&'static str),
     Bad(String),
+}
+
+/// One item read on its own (a copy made by a stage), as [`parse`] reads each item.
+pub(super) fn parse_item(raw: &str) -> Option<Message<'_>> {
+    let fields: ItemFields<'_> = serde_json::from_str(raw).ok()?;
+    item_message(raw, ItemView::of(&fields)).ok()
 }
 
 fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unplannable> {

@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use super::clearing::Cleared;
 use super::conversation::Role;
 use super::conversation::{Api, Conversation};
 use super::structure::{validate_layout, Layout, ValidationError};
@@ -12,30 +13,61 @@ use crate::config::{SummaryPlacement, SummaryRole};
 /// The text before the summary, as the reference writes it.
 pub const SUMMARY_PREFIX: &str = "Here is a summary of the conversation to date:\n\n";
 
+/// The note that takes the place of messages the `truncate` stage dropped.
+pub fn omission_text(dropped: usize) -> String {
+    format!("[compactor: {dropped} earlier messages were left out here to fit the model's context window]")
+}
+
 /// The injected summary message as JSON.
 pub fn summary_message(text: &str, role: SummaryRole) -> String {
-    serde_json::json!({"role": role.as_str(), "content": format!("{SUMMARY_PREFIX}{text}")})
-        .to_string()
+    message_json(&format!("{SUMMARY_PREFIX}{text}"), role)
 }
 
 /// The summary as one Responses `message` item: role `user`, one `input_text` part.
 pub fn summary_item(text: &str) -> String {
-    serde_json::json!({
-        "type": "message",
-        "role": "user",
-        "content": [{"type": "input_text", "text": format!("{SUMMARY_PREFIX}{text}")}],
-    })
-    .to_string()
+    item_json(&format!("{SUMMARY_PREFIX}{text}"))
 }
 
 /// The summary as an Anthropic text block; `breakpoint` is the `cache_control` it inherits
 /// from the messages it replaces, so the new prefix is cached turn after turn.
 pub fn summary_block(text: &str, breakpoint: Option<&str>) -> String {
-    let mut block = serde_json::json!({"type": "text", "text": format!("{SUMMARY_PREFIX}{text}")});
+    block_json(&format!("{SUMMARY_PREFIX}{text}"), breakpoint)
+}
+
+fn message_json(framed: &str, role: SummaryRole) -> String {
+    serde_json::json!({"role": role.as_str(), "content": framed}).to_string()
+}
+
+fn item_json(framed: &str) -> String {
+    serde_json::json!({
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": framed}],
+    })
+    .to_string()
+}
+
+fn block_json(framed: &str, breakpoint: Option<&str>) -> String {
+    let mut block = serde_json::json!({"type": "text", "text": framed});
     if let Some(value) = breakpoint.and_then(|raw| serde_json::from_str(raw).ok()) {
         block["cache_control"] = value;
     }
     block.to_string()
+}
+
+/// `body` with each cleared message replaced by its copy: the `clear_tool_outputs` stage on
+/// its own, every other byte unchanged.
+pub fn apply_cleared(body: &[u8], conversation: &Conversation<'_>, cleared: &Cleared) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for (i, message) in cleared {
+        let range = conversation.message_range(*i);
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(message.copy.as_bytes());
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -148,28 +180,53 @@ impl Splice {
         })
     }
 
+    /// The kept messages the `clear_tool_outputs` stage cleared go as their copies.
+    pub fn with_cleared(mut self, conversation: &Conversation<'_>, cleared: &Cleared) -> Splice {
+        for piece in &mut self.tail {
+            if let Piece::Original(range) = piece {
+                let copy = cleared
+                    .iter()
+                    .find(|(i, _)| conversation.message_range(*i) == *range);
+                if let Some((_, message)) = copy {
+                    *piece = Piece::Made(message.copy.clone());
+                }
+            }
+        }
+        self
+    }
+
     /// The new body: `body` (the one the splice was made from) with only `messages` replaced and
     /// the summary `text` placed as planned.
     pub fn apply(&self, body: &[u8], text: &str, role: SummaryRole) -> Vec<u8> {
+        self.apply_framed(body, &format!("{SUMMARY_PREFIX}{text}"), role)
+    }
+
+    /// The new body with a note that `dropped` messages were left out where a summary would go
+    /// (the `truncate` stage).
+    pub fn apply_omission(&self, body: &[u8], dropped: usize, role: SummaryRole) -> Vec<u8> {
+        self.apply_framed(body, &omission_text(dropped), role)
+    }
+
+    fn apply_framed(&self, body: &[u8], framed: &str, role: SummaryRole) -> Vec<u8> {
         let breakpoint = self.summary_breakpoint.as_deref();
         let merged = match self.tail.first() {
             Some(Piece::Original(range)) if self.merge_into_first => match &self.merge_content {
                 Some(content) => {
-                    merged_anthropic_user(body, range, content, &summary_block(text, breakpoint))
+                    merged_anthropic_user(body, range, content, &block_json(framed, breakpoint))
                 }
                 None => std::str::from_utf8(&body[range.clone()])
                     .ok()
-                    .and_then(|user| merged_user_message(user, text)),
+                    .and_then(|user| merged_user_message(user, framed)),
             },
             _ => None,
         };
         let summary_json = match (&merged, self.api) {
             (Some(merged), _) => merged.clone(),
-            (None, Api::ChatCompletions) => summary_message(text, role),
-            (None, Api::Responses) => summary_item(text),
+            (None, Api::ChatCompletions) => message_json(framed, role),
+            (None, Api::Responses) => item_json(framed),
             (None, Api::Messages) => format!(
                 r#"{{"role":"user","content":[{}]}}"#,
-                summary_block(text, breakpoint)
+                block_json(framed, breakpoint)
             ),
         };
         let tail = if merged.is_some() {
@@ -214,9 +271,9 @@ impl Splice {
 
 /// The user message with the summary in front of its content: prepended to string content,
 /// a leading text part of array content. Every other member keeps its value and place.
-fn merged_user_message(raw: &str, text: &str) -> Option<String> {
+fn merged_user_message(raw: &str, framed: &str) -> Option<String> {
     let mut message: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).ok()?;
-    let summary = format!("{SUMMARY_PREFIX}{text}");
+    let summary = framed.to_string();
     let content = match message.get("content") {
         Some(serde_json::Value::String(original)) => {
             serde_json::Value::String(format!("{summary}\n\n{original}"))

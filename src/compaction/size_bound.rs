@@ -7,8 +7,8 @@
 //! message adds at most `PER_MESSAGE_OVERHEAD + 1` (its framing and the rounding up), each image
 //! part a flat count. A message must have a `"role"` key and an image part a `"image…"` type, so
 //! counting those literals bounds both, unless the body spells an ASCII letter as a `\u00XX`
-//! escape; such a body (and one that sets an output reserve a `fraction` trigger depends on) is
-//! left to the full count.
+//! escape; such a body (and one whose output reserve is not a plain number, where a `fraction`
+//! trigger or the model's window depends on it) is left to the full count.
 
 use std::sync::LazyLock;
 
@@ -59,9 +59,15 @@ static FINDERS: LazyLock<Finders> = LazyLock::new(|| Finders {
     escape: Finder::new(br"\u00"),
 });
 
-/// Whether any body of these bytes is under every trigger of `settings`, whatever model it
-/// names; false means only "not proved" (the full count decides).
-pub fn provably_under(body: &[u8], settings: &PlanSettings, models: &ModelBounds) -> bool {
+/// Whether any body of these bytes is under `share ×` every trigger of `settings` (the model's
+/// window included), whatever model it names; false means only "not proved" (the full count
+/// decides).
+pub fn provably_under(
+    body: &[u8],
+    settings: &PlanSettings,
+    models: &ModelBounds,
+    share: f64,
+) -> bool {
     let finders = &*FINDERS;
     if has_escaped_ascii_letter(body, &finders.escape) {
         return false;
@@ -78,18 +84,54 @@ pub fn provably_under(body: &[u8], settings: &PlanSettings, models: &ModelBounds
         + (images * models.max_image_tokens) as f64
         + (roles * (PER_MESSAGE_OVERHEAD + 1)) as f64
         + 1.0;
-    let reserve_unknown = finders.max_tokens.find(body).is_some()
-        || finders.max_completion_tokens.find(body).is_some();
-    settings.triggers.iter().all(|trigger| match *trigger {
-        ContextSize::Tokens(v) => tokens < v as f64,
-        ContextSize::Messages(v) => roles < v,
-        ContextSize::Fraction(f) => match models.min_window {
-            None => true,
-            Some(_) if reserve_unknown => false,
-            // The smallest threshold any model's window gives with no output reserve.
-            Some(window) => tokens < ((window as f64 * f).floor()).max(1.0),
-        },
-    })
+    // The model's window is a trigger too (a `fraction` of 1).
+    let window = ContextSize::Fraction(1.0);
+    let reserve = declared_reserve(body, finders);
+    settings
+        .triggers
+        .iter()
+        .chain(std::iter::once(&window))
+        .all(|trigger| match *trigger {
+            ContextSize::Tokens(v) => tokens < share * v as f64,
+            ContextSize::Messages(v) => (roles as f64) < share * v as f64,
+            ContextSize::Fraction(f) => match (models.min_window, reserve) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                // The smallest threshold any model's window gives with the largest reserve.
+                (Some(window), Some(reserve)) => {
+                    let usable = window.saturating_sub(reserve) as f64;
+                    tokens < share * (usable * f).floor().max(1.0)
+                }
+            },
+        })
+}
+
+/// The largest output reserve the body can declare: every `"max_tokens"` and
+/// `"max_completion_tokens"` member's number (a key cannot occur inside a string, where its
+/// quotes would be escaped), 0 for none or `null`; None when one is not a plain number.
+fn declared_reserve(body: &[u8], finders: &Finders) -> Option<u64> {
+    let mut reserve = 0u64;
+    let keys = [&finders.max_tokens, &finders.max_completion_tokens];
+    for (finder, at) in keys
+        .into_iter()
+        .flat_map(|finder| finder.find_iter(body).map(move |at| (finder, at)))
+    {
+        let rest = &body[at + finder.needle().len()..];
+        let rest = rest
+            .trim_ascii_start()
+            .strip_prefix(b":")?
+            .trim_ascii_start();
+        if rest.starts_with(b"null") {
+            continue;
+        }
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let value: u64 = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+        if matches!(rest.get(digits), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        reserve = reserve.max(value);
+    }
+    Some(reserve)
 }
 
 /// `\u004X` … `\u007X`: an escaped ASCII letter (or `_`), the one way a body can spell a key or
@@ -143,15 +185,21 @@ mod tests {
         let small = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
         let small = small.to_string();
         let tokens = settings(vec![ContextSize::Tokens(60_000)]);
-        assert!(provably_under(small.as_bytes(), &tokens, &bounds));
+        assert!(provably_under(small.as_bytes(), &tokens, &bounds, 1.0));
         let large = json!({"messages": [{"role": "user", "content": "a".repeat(400_000)}]});
         assert!(!provably_under(
             large.to_string().as_bytes(),
             &tokens,
-            &bounds
+            &bounds,
+            1.0
         ));
         let two_messages = settings(vec![ContextSize::Messages(1)]);
-        assert!(!provably_under(small.as_bytes(), &two_messages, &bounds));
+        assert!(!provably_under(
+            small.as_bytes(),
+            &two_messages,
+            &bounds,
+            1.0
+        ));
     }
 
     #[test]
@@ -159,16 +207,22 @@ mod tests {
         let bounds = ModelBounds::of(&table());
         let tokens = settings(vec![ContextSize::Tokens(60_000)]);
         let escaped = br#"{"messages":[{"\u0072ole":"user","content":"hi"}]}"#;
-        assert!(!provably_under(escaped, &tokens, &bounds));
+        assert!(!provably_under(escaped, &tokens, &bounds, 1.0));
         // A wide escape is fine: it cannot spell a key.
         let cjk = br#"{"messages":[{"role":"user","content":"\u4f60"}]}"#;
-        assert!(provably_under(cjk, &tokens, &bounds));
+        assert!(provably_under(cjk, &tokens, &bounds, 1.0));
         let fraction = settings(vec![ContextSize::Fraction(0.8)]);
         let plain = br#"{"model":"small-1","messages":[{"role":"user","content":"hi"}]}"#;
-        assert!(provably_under(plain, &fraction, &bounds));
+        assert!(provably_under(plain, &fraction, &bounds, 1.0));
         let reserve =
             br#"{"model":"small-1","max_tokens":7999,"messages":[{"role":"user","content":"hi"}]}"#;
-        assert!(!provably_under(reserve, &fraction, &bounds));
+        assert!(!provably_under(reserve, &fraction, &bounds, 1.0));
+        let small_reserve =
+            br#"{"model":"small-1","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+        assert!(provably_under(small_reserve, &fraction, &bounds, 1.0));
+        let odd_reserve =
+            br#"{"model":"small-1","max_tokens":"100","messages":[{"role":"user","content":"hi"}]}"#;
+        assert!(!provably_under(odd_reserve, &fraction, &bounds, 1.0));
     }
 
     fn part() -> impl Strategy<Value = serde_json::Value> {
@@ -208,8 +262,12 @@ mod tests {
             tokens in 1u64..3_000,
             count in 1u64..40,
             fraction in 0.01f64..1.0,
+            reserve in proptest::option::of(0u64..10_000),
         ) {
             let mut body = json!({"model": model, "messages": messages});
+            if let Some(reserve) = reserve {
+                body["max_tokens"] = json!(reserve);
+            }
             if let Some(tools) = tools {
                 body["tools"] = json!([{"type": "function", "function": {"name": tools}}]);
             }
@@ -240,7 +298,7 @@ mod tests {
                 ContextSize::Fraction(fraction),
             ] {
                 let settings = settings(vec![trigger]);
-                if provably_under(text.as_bytes(), &settings, &bounds) {
+                if provably_under(text.as_bytes(), &settings, &bounds, 1.0) {
                     prop_assert!(!over_trigger(&conversation, &settings, &model).0, "{trigger:?}");
                 }
             }

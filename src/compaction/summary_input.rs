@@ -7,7 +7,8 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::conversation::{Conversation, Message, PartView};
+use super::clearing::{parse_message, Cleared};
+use super::conversation::{Api, Conversation, Message, PartView};
 use super::tokens::{is_wide, CharCount, TokenModel};
 use crate::config::Oversize;
 
@@ -94,6 +95,9 @@ fn framed_tokens(attributes: &str, body: &str, model: &TokenModel) -> u64 {
 /// input of a long history formats the messages near its two ends, not all of them.
 struct Transcript<'a, 'c> {
     messages: Vec<&'a Message<'c>>,
+    /// The cleared copy of a message whose old tool outputs were cleared: it is shown instead.
+    copies: Vec<Option<&'a str>>,
+    api: Api,
     /// The planner's count of each message, standing in for blocks never formatted.
     estimates: Vec<u64>,
     blocks: Vec<Option<Block>>,
@@ -105,25 +109,37 @@ impl<'a, 'c> Transcript<'a, 'c> {
         conversation: &'a Conversation<'c>,
         indices: &[usize],
         message_tokens: &[u64],
+        cleared: &'a Cleared,
         model: TokenModel,
     ) -> Self {
-        let (messages, estimates) = indices
+        let copy_of = |i: usize| {
+            cleared
+                .iter()
+                .find(|(at, _)| *at == i)
+                .map(|(_, message)| message.copy.as_str())
+        };
+        let ((messages, copies), estimates) = indices
             .iter()
             .filter_map(|&i| {
                 let message = conversation.messages.get(i)?;
-                Some((message, message_tokens.get(i).copied().unwrap_or(0)))
+                Some((
+                    (message, copy_of(i)),
+                    message_tokens.get(i).copied().unwrap_or(0),
+                ))
             })
             // An opaque item with nothing readable (a reasoning item, a search call) would be an
             // empty block: it is neither shown nor counted as evicted.
-            .filter(|(message, _)| {
+            .filter(|((message, _), _)| {
                 message.opaque.is_none()
                     || message.content.is_some()
                     || !message.tool_calls.is_empty()
             })
-            .unzip::<_, _, Vec<_>, Vec<_>>();
+            .unzip::<_, _, (Vec<_>, Vec<_>), Vec<_>>();
         let blocks = messages.iter().map(|_| None).collect();
         Transcript {
             messages,
+            copies,
+            api: conversation.api,
             estimates,
             blocks,
             model,
@@ -135,9 +151,13 @@ impl<'a, 'c> Transcript<'a, 'c> {
     }
 
     fn block(&mut self, k: usize) -> &Block {
-        let (message, model) = (self.messages[k], &self.model);
-        self.blocks[k]
-            .get_or_insert_with(|| Block::new(attributes(message), message_body(message), model))
+        let (message, model, api) = (self.messages[k], &self.model, self.api);
+        let copy = self.copies[k];
+        self.blocks[k].get_or_insert_with(|| {
+            let copy = copy.and_then(|raw| parse_message(api, raw));
+            let body = message_body(copy.as_ref().unwrap_or(message));
+            Block::new(attributes(message), body, model)
+        })
     }
 
     fn tokens(&mut self, k: usize) -> u64 {
@@ -269,8 +289,33 @@ pub fn select(
     previous: Option<&str>,
     settings: &InputSettings,
 ) -> SummaryInput {
+    select_cleared(
+        conversation,
+        indices,
+        message_tokens,
+        &Vec::new(),
+        previous,
+        settings,
+    )
+}
+
+/// [`select`], showing each cleared message as its copy.
+pub fn select_cleared(
+    conversation: &Conversation<'_>,
+    indices: &[usize],
+    message_tokens: &[u64],
+    cleared: &Cleared,
+    previous: Option<&str>,
+    settings: &InputSettings,
+) -> SummaryInput {
     let model = &settings.model;
-    let mut transcript = Transcript::new(conversation, indices, message_tokens, settings.model);
+    let mut transcript = Transcript::new(
+        conversation,
+        indices,
+        message_tokens,
+        cleared,
+        settings.model,
+    );
     let (chunks, previous) = match settings.budget {
         None => {
             let all: Vec<Piece> = (0..transcript.len()).map(Piece::Whole).collect();

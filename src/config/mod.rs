@@ -258,6 +258,37 @@ impl SummaryRole {
     }
 }
 
+/// One way of making a request smaller, in the order `summarization.stages` lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Old tool outputs (outside the kept tail) replaced by a placeholder; no LLM call.
+    ClearToolOutputs,
+    /// The older messages replaced by an LLM summary.
+    Summarize,
+    /// Last resort when no summary can be had and the request would not fit the model's
+    /// window: the oldest whole groups after the pinned head are dropped.
+    Truncate,
+}
+
+impl Stage {
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::ClearToolOutputs => "clear_tool_outputs",
+            Stage::Summarize => "summarize",
+            Stage::Truncate => "truncate",
+        }
+    }
+}
+
+/// The `clear_tool_outputs` stage's settings.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClearToolOutputsConfig {
+    /// Only outputs of at least this many tokens are replaced (a placeholder costs about 30).
+    pub min_tokens: u64,
+}
+
 /// The `summarization:` block. A DeerFlow `summarization:` block loads as is; the rest is ours.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -268,8 +299,20 @@ pub struct SummarizationConfig {
     pub model_name: Option<String>,
     /// Upstream (by name) for the summarizer call; null uses the request's upstream.
     pub upstream: Option<String>,
-    /// When to compact: any entry reached (`>=`) triggers.
+    /// When to compact: any entry reached (`>=`) triggers. The model's window (from `models`,
+    /// or learned from an upstream's context-length error) is always a trigger too.
     pub trigger: OneOrMany,
+    /// What compaction may do, in this order, each only while the request is still over a
+    /// trigger: `clear_tool_outputs`, `summarize`, `truncate`.
+    pub stages: Vec<Stage>,
+    /// Settings of the `clear_tool_outputs` stage.
+    pub clear_tool_outputs: ClearToolOutputsConfig,
+    /// Summaries made ahead of need: a request at this fraction of a trigger is forwarded as is
+    /// while the summary its conversation will need is made in the background; null: off.
+    pub precompute_at: Option<f64>,
+    /// When the upstream answers with a context-length error, compact the request (as if over
+    /// the trigger, the error's stated limit becoming the model's window) and retry it once.
+    pub reactive: bool,
     /// How much recent conversation is kept verbatim.
     pub keep: ContextSize,
     /// Input tokens of one summarizer call; null: as many as the summarizer model's window
@@ -458,6 +501,10 @@ impl Default for SummarizationConfig {
             model_name: None,
             upstream: None,
             trigger: OneOrMany::Many(vec![ContextSize::Tokens(60_000)]),
+            stages: vec![Stage::Summarize],
+            clear_tool_outputs: ClearToolOutputsConfig::default(),
+            precompute_at: None,
+            reactive: true,
             keep: ContextSize::Messages(20),
             trim_tokens_to_summarize: None,
             summary_prompt: None,
@@ -485,6 +532,12 @@ impl Default for SummarizationConfig {
                 .to_vec(),
             skills_container_path: "/mnt/skills".into(),
         }
+    }
+}
+
+impl Default for ClearToolOutputsConfig {
+    fn default() -> Self {
+        ClearToolOutputsConfig { min_tokens: 200 }
     }
 }
 

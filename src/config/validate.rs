@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Config, ConfigError, ContextSize, OneOrMany};
+use super::{Config, ConfigError, ContextSize, OneOrMany, Stage};
 
 impl Config {
     /// Every problem, each naming its key.
@@ -203,6 +203,17 @@ impl Config {
             );
         }
         validate_size("summarization.keep", &s.keep, problems);
+        validate_stages(&s.stages, problems);
+        if s.clear_tool_outputs.min_tokens == 0 {
+            problems.push("summarization.clear_tool_outputs.min_tokens: must be > 0".into());
+        }
+        if let Some(at) = s.precompute_at {
+            if !(at > 0.0 && at < 1.0) {
+                problems.push(format!(
+                    "summarization.precompute_at: {at} must be in (0, 1) or null"
+                ));
+            }
+        }
         if s.trim_tokens_to_summarize == Some(0) {
             problems.push("summarization.trim_tokens_to_summarize: must be > 0 or null".into());
         }
@@ -256,6 +267,25 @@ impl Config {
         if self.cache.max_bytes == 0 {
             problems.push("cache.max_bytes: must be > 0".into());
         }
+    }
+}
+
+/// Stages run cheapest first and truncation is the last resort, so the list must keep that
+/// order; each stage at most once.
+fn validate_stages(stages: &[Stage], problems: &mut Vec<String>) {
+    const ORDER: [Stage; 3] = [Stage::ClearToolOutputs, Stage::Summarize, Stage::Truncate];
+    if stages.is_empty() {
+        problems.push("summarization.stages: at least one stage is required".into());
+    }
+    let positions: Vec<usize> = stages
+        .iter()
+        .filter_map(|stage| ORDER.iter().position(|s| s == stage))
+        .collect();
+    if positions.windows(2).any(|pair| pair[0] >= pair[1]) {
+        problems.push(
+            "summarization.stages: each stage at most once, in the order clear_tool_outputs, summarize, truncate"
+                .into(),
+        );
     }
 }
 

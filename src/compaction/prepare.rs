@@ -1,0 +1,603 @@
+//! The CPU part of compacting one request, run off the reactor for large bodies: parse, the
+//! threshold, the stages (clear, cache lookup and plan, truncation as a fallback), and for
+//! anything that needs no summarizer call, the new body itself. What needs a call is handed to
+//! the engine as a [`Job`]; a summary worth making ahead of need as a second one.
+
+use std::collections::HashMap;
+
+use super::cache::{CacheKey, ScopedLookup, SummaryCache};
+use super::clearing::Cleared;
+use super::conversation::{Api, Conversation};
+use super::digest::hash_parts;
+use super::messages;
+use super::overflow::Overflow;
+use super::plan::{self, CachedSummary, Decision, Mode, Plan, PlanSettings};
+use super::responses::{self, Parsed};
+use super::rewrite::{apply_cleared, RewriteError, Splice};
+use super::scope::{fingerprint, Credentials, Scope};
+use super::structure::Layout;
+use super::summary_input::{self, InputSettings};
+use super::tokens::TokenModel;
+use super::windows::{learned_window, Windows};
+use super::{CacheUse, Outcome, OutcomeKind};
+use crate::config::{Config, SummarizationConfig};
+
+/// The prompt's own words and the previous summary's framing, besides the transcript.
+const PROMPT_ALLOWANCE_TOKENS: u64 = 1024;
+const MIN_CALL_BUDGET_TOKENS: u64 = 1024;
+/// A summarizer model with no `models` entry: a call that fits a 32k window.
+const UNKNOWN_WINDOW_CALL_BUDGET_TOKENS: u64 = 24_000;
+/// A retry after a context-length error that states no limit aims this far under what failed.
+const UNSTATED_LIMIT_SHARE: f64 = 0.9;
+
+/// What the CPU part decided.
+pub(super) enum Prepared {
+    /// Forward the original bytes.
+    Forward { outcome: Outcome, next: Next },
+    /// Forward this body, made without a summarizer call (reuse, clearing, truncation).
+    Rewritten {
+        body: Vec<u8>,
+        outcome: Outcome,
+        /// The first request to use a summary made ahead of need carries the notice.
+        notice: bool,
+        next: Next,
+    },
+    /// A summary must be made (or joined) first.
+    Summarize(Box<Job>),
+}
+
+/// What a forwarded request leaves to do: its window (for `fail_mode: closed`), and a
+/// summary to make in the background for its conversation's coming cut.
+pub(super) struct Next {
+    pub window: Option<u64>,
+    pub ahead: Option<Box<Job>>,
+}
+
+/// The `truncate` stage's body, kept for when no summary can be had.
+pub(super) struct Truncated {
+    pub body: Vec<u8>,
+    pub tokens_after: u64,
+    pub dropped: usize,
+}
+
+/// Everything the asynchronous part needs to make and apply a summary.
+pub(super) struct Job {
+    pub layout: Layout,
+    /// Where the kept messages lie in the body: the summary is spliced in without a re-parse.
+    pub splice: Splice,
+    pub messages_summarized: usize,
+    /// Tokens the summary replaces (summarized messages, plus the previous summary).
+    pub replaced_tokens: u64,
+    pub chunks: Vec<String>,
+    pub previous: Option<String>,
+    /// The share of the evicted tokens the summarizer sees.
+    pub coverage: f64,
+    pub key: CacheKey,
+    pub tenant: [u8; 32],
+    pub model: String,
+    pub upstream: String,
+    /// Whether the client's own credential may go to the summarizer upstream: only when it
+    /// is the upstream the client addressed and the credential is not a compactor key.
+    pub client_credentials: bool,
+    pub token_model: TokenModel,
+    pub tokens_before: u64,
+    pub cache_hit: bool,
+    /// Tool outputs the `clear_tool_outputs` stage replaced.
+    pub outputs_cleared: usize,
+    /// The model's window less the output reserve, when known.
+    pub window: Option<u64>,
+    /// With the `truncate` stage: what to forward when the summary cannot be had.
+    pub fallback: Option<Truncated>,
+    /// Why this request is compacted, when not for the usual reason.
+    pub reason: Option<&'static str>,
+    /// A summary made ahead of need: what identifies its conversation's base (so one runs per
+    /// conversation at a time).
+    pub ahead_base: Option<CacheKey>,
+}
+
+impl Job {
+    /// Requests sharing a prefix may still keep different messages verbatim (a newer user
+    /// message after the cut, say); only identical layouts share one summary.
+    pub fn flight_key(&self) -> [u8; 32] {
+        let splits =
+            self.layout.splits.iter().flat_map(|split| {
+                std::iter::once(split.message).chain(split.calls.iter().copied())
+            });
+        let excluded: Vec<u8> = self
+            .layout
+            .excluded
+            .iter()
+            .copied()
+            .chain(std::iter::once(usize::MAX))
+            .chain(splits)
+            .flat_map(|index| (index as u64).to_le_bytes())
+            .collect();
+        hash_parts([self.key.as_slice(), &excluded])
+    }
+}
+
+/// A retry after the upstream's context-length error.
+#[derive(Debug, Clone, Copy)]
+pub struct Reactive {
+    pub overflow: Overflow,
+    /// The estimate of what was forwarded the first time, when it was counted.
+    pub forwarded_tokens: Option<u64>,
+}
+
+/// What one request asks of the planner.
+pub(super) struct Ask<'r> {
+    pub credentials: &'r Credentials,
+    pub upstream: &'r str,
+    pub force: bool,
+    pub api: Api,
+    pub reactive: Option<Reactive>,
+}
+
+/// A client key's own compaction settings.
+struct KeySettings {
+    plan: PlanSettings,
+    model_name: Option<String>,
+}
+
+/// The planner with everything it reads: settings, windows, the summary cache.
+pub(super) struct Planner {
+    pub config: SummarizationConfig,
+    settings: PlanSettings,
+    /// Client keys with triggers or a summarizer model of their own, by key name.
+    per_key: HashMap<String, KeySettings>,
+    pub windows: Windows,
+    pub cache: SummaryCache,
+}
+
+impl Planner {
+    pub fn new(config: &Config) -> Planner {
+        let settings = PlanSettings::from_config(&config.summarization);
+        let per_key = config
+            .auth
+            .keys
+            .iter()
+            .filter(|key| key.trigger.is_some() || key.model_name.is_some())
+            .map(|key| {
+                let mut plan = settings.clone();
+                if let Some(trigger) = &key.trigger {
+                    plan.triggers = trigger.to_vec();
+                }
+                let model_name = key
+                    .model_name
+                    .clone()
+                    .or_else(|| config.summarization.model_name.clone());
+                (key.name.clone(), KeySettings { plan, model_name })
+            })
+            .collect();
+        Planner {
+            config: config.summarization.clone(),
+            settings,
+            per_key,
+            windows: Windows::new(&config.models),
+            cache: SummaryCache::new(config.cache.max_bytes),
+        }
+    }
+
+    /// The plan settings and summarizer model for a caller: its key's own, else the defaults.
+    pub fn settings_for(&self, key: Option<&str>) -> (&PlanSettings, &Option<String>) {
+        match key.and_then(|name| self.per_key.get(name)) {
+            Some(own) => (&own.plan, &own.model_name),
+            None => (&self.settings, &self.config.model_name),
+        }
+    }
+
+    /// Input tokens one summarizer call may take: `trim_tokens_to_summarize` when set, else as
+    /// much as the summarizer model's window holds besides the prompt and the summary, else a
+    /// size every current model's window holds.
+    fn call_budget(&self, summarizer_model: &str) -> Option<u64> {
+        if let Some(budget) = self.config.trim_tokens_to_summarize {
+            return Some(budget);
+        }
+        let window = self
+            .windows
+            .token_model(Some(summarizer_model))
+            .max_input_tokens;
+        Some(match window {
+            Some(window) => window
+                .saturating_sub(self.config.summary_max_tokens + PROMPT_ALLOWANCE_TOKENS)
+                .max(MIN_CALL_BUDGET_TOKENS),
+            None => UNKNOWN_WINDOW_CALL_BUDGET_TOKENS,
+        })
+    }
+
+    fn splice(
+        &self,
+        conversation: &Conversation<'_>,
+        layout: &Layout,
+        cleared: &Cleared,
+    ) -> Result<Splice, RewriteError> {
+        Splice::new(
+            conversation,
+            layout,
+            self.config.summary_role,
+            self.config.summary_placement,
+            conversation.api,
+        )
+        .map(|splice| splice.with_cleared(conversation, cleared))
+    }
+
+    /// The CPU part: parse, threshold, stages, cache lookup, plan, and the body when no
+    /// summarizer call is needed.
+    pub fn prepare(&self, body: &[u8], ask: &Ask<'_>) -> Prepared {
+        let parsed = match ask.api {
+            Api::ChatCompletions => Conversation::parse(body).map(Parsed::Conversation),
+            Api::Responses => responses::parse(body),
+            Api::Messages => messages::parse(body),
+        };
+        let conversation = match parsed {
+            Ok(Parsed::Conversation(conversation)) => conversation,
+            Ok(Parsed::LeaveAlone(reason)) => return forward(Outcome::skipped(0, reason), None),
+            Err(_) => return forward(Outcome::skipped(0, "unparsable_body"), None),
+        };
+        let key = match ask.credentials {
+            Credentials::Key(name) => Some(name.as_str()),
+            Credentials::Headers(_) => None,
+        };
+        let (settings, model_name) = self.settings_for(key);
+        let mut token_model = self.windows.token_model(conversation.model.as_deref());
+        if let Some(reactive) = &ask.reactive {
+            token_model.max_input_tokens =
+                Some(self.retry_window(&conversation, &token_model, reactive));
+        }
+        let model = model_name
+            .clone()
+            .or_else(|| conversation.model.as_deref().map(str::to_string))
+            .unwrap_or_default();
+        let upstream = self
+            .config
+            .upstream
+            .clone()
+            .unwrap_or_else(|| ask.upstream.to_string());
+        let context = Context {
+            conversation: &conversation,
+            body,
+            settings,
+            token_model,
+            client_credentials: matches!(ask.credentials, Credentials::Headers(_))
+                && upstream == ask.upstream,
+            model,
+            upstream,
+            reason: ask.reactive.map(|_| "reactive"),
+        };
+        let mut lookup = ScopedLookup::new(&self.cache, || Scope {
+            tenant: ask.credentials.tenant(),
+            fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
+        });
+        let mode = if ask.force { Mode::Force } else { Mode::Normal };
+        let plan = plan::plan_in(&conversation, settings, &token_model, mode, &mut lookup);
+        let ahead = match (&plan.decision, self.config.precompute_at) {
+            (Decision::PassThrough { reason }, Some(factor))
+                if ask.reactive.is_none()
+                    && matches!(*reason, "under_trigger" | "cleared_under_trigger") =>
+            {
+                self.ahead(&context, factor, &mut lookup)
+            }
+            (Decision::Reuse { layout, .. }, Some(factor))
+                if ask.reactive.is_none() && !layout.headroom_unmet =>
+            {
+                self.ahead(&context, factor, &mut lookup)
+            }
+            _ => None,
+        };
+        self.decide(&context, plan, &mut lookup, ahead)
+    }
+
+    /// The window a retry after a context-length error aims under, in the estimate's tokens:
+    /// the error's limit (scaled by how much the estimate undercounted, and remembered for the
+    /// model), and in any case clearly under what failed.
+    fn retry_window(
+        &self,
+        conversation: &Conversation<'_>,
+        token_model: &TokenModel,
+        reactive: &Reactive,
+    ) -> u64 {
+        let estimated = reactive.forwarded_tokens.unwrap_or_else(|| {
+            conversation.schema_tokens(token_model)
+                + conversation.message_tokens(token_model).iter().sum::<u64>()
+        });
+        let reserve = conversation.output_reserve;
+        let under_failed = (estimated as f64 * UNSTATED_LIMIT_SHARE) as u64;
+        let learned = learned_window(&reactive.overflow, estimated);
+        if let (Some(window), Some(name)) = (learned, conversation.model.as_deref()) {
+            self.windows.learn(name, window);
+        }
+        let usable = match learned.or(token_model.max_input_tokens) {
+            Some(window) => window.saturating_sub(reserve).min(under_failed),
+            None => under_failed,
+        };
+        usable.max(1) + reserve
+    }
+
+    /// The summary the conversation will need once it crosses the trigger, when it is close
+    /// enough (`precompute_at`) and none is cached for it yet.
+    fn ahead(
+        &self,
+        context: &Context<'_, '_>,
+        factor: f64,
+        lookup: &mut ScopedLookup<'_>,
+    ) -> Option<Box<Job>> {
+        let plan = plan::plan_in(
+            context.conversation,
+            context.settings,
+            &context.token_model,
+            Mode::Ahead { factor },
+            lookup,
+        );
+        let Decision::Summarize {
+            layout,
+            to_summarize,
+            previous,
+            replaced_tokens,
+        } = &plan.decision
+        else {
+            return None;
+        };
+        let chain = plan.chain.as_ref()?;
+        let base_at = previous
+            .as_ref()
+            .map_or((layout.head + 1).min(layout.cut), |p| p.cut);
+        let base = chain[base_at];
+        let mut job = self
+            .job(
+                context,
+                &plan,
+                layout,
+                to_summarize,
+                previous,
+                *replaced_tokens,
+                lookup,
+            )
+            .ok()?;
+        job.ahead_base = Some(base);
+        Some(Box::new(job))
+    }
+
+    fn decide(
+        &self,
+        context: &Context<'_, '_>,
+        plan: Plan,
+        lookup: &mut ScopedLookup<'_>,
+        ahead: Option<Box<Job>>,
+    ) -> Prepared {
+        let conversation = context.conversation;
+        let next = Next {
+            window: plan.window,
+            ahead,
+        };
+        let cache_use = match (plan.cache_consulted, plan.cache_hit) {
+            (false, _) => CacheUse::NotConsulted,
+            (true, true) => CacheUse::Hit,
+            (true, false) => CacheUse::Miss,
+        };
+        let base = Outcome {
+            cache: cache_use,
+            outputs_cleared: plan.cleared.iter().map(|(_, c)| c.outputs).sum(),
+            precompute_started: next.ahead.is_some(),
+            ..Outcome::skipped(plan.tokens_before, "")
+        };
+        let truncated = self.truncated(context, &plan);
+        match &plan.decision {
+            Decision::PassThrough { reason } => {
+                let reason = context.reason.unwrap_or(reason);
+                if let Some(truncated) = truncated {
+                    return truncated_body(truncated, Outcome { reason, ..base }, next);
+                }
+                if plan.cleared.is_empty() {
+                    return Prepared::Forward {
+                        outcome: Outcome { reason, ..base },
+                        next,
+                    };
+                }
+                Prepared::Rewritten {
+                    body: apply_cleared(context.body, conversation, &plan.cleared),
+                    outcome: Outcome {
+                        kind: OutcomeKind::Cleared,
+                        tokens_after: plan.tokens_cleared,
+                        reason,
+                        ..base
+                    },
+                    notice: false,
+                    next,
+                }
+            }
+            Decision::Reuse { layout, summary } => {
+                let Ok(splice) = self.splice(conversation, layout, &plan.cleared) else {
+                    let outcome = Outcome {
+                        kind: OutcomeKind::Failed,
+                        reason: "rewrite_invalid",
+                        ..base
+                    };
+                    return Prepared::Forward { outcome, next };
+                };
+                let announce = plan
+                    .chain
+                    .as_ref()
+                    .is_some_and(|chain| self.cache.take_made_ahead(&chain[layout.cut]));
+                let reason = match (context.reason, announce) {
+                    (Some(reason), _) => reason,
+                    (None, true) => "precomputed",
+                    (None, false) => "sticky",
+                };
+                Prepared::Rewritten {
+                    body: splice.apply(context.body, &summary.text, self.config.summary_role),
+                    outcome: Outcome {
+                        kind: OutcomeKind::Reused,
+                        tokens_after: layout.projected_tokens,
+                        cache: CacheUse::Hit,
+                        headroom_unmet: layout.headroom_unmet,
+                        reason,
+                        ..base
+                    },
+                    notice: announce,
+                    next,
+                }
+            }
+            Decision::Summarize {
+                layout,
+                to_summarize,
+                previous,
+                replaced_tokens,
+            } => {
+                // A summary that cannot bring the request under the model's window is not
+                // paid for: the last resort, or the request as it is.
+                if plan.window.is_some_and(|w| layout.projected_tokens >= w) {
+                    return match truncated {
+                        Some(truncated) => truncated_body(
+                            truncated,
+                            Outcome {
+                                reason: context.reason.unwrap_or("wont_fit"),
+                                ..base
+                            },
+                            next,
+                        ),
+                        None => Prepared::Forward {
+                            outcome: Outcome {
+                                reason: "wont_fit",
+                                ..base
+                            },
+                            next,
+                        },
+                    };
+                }
+                match self.job(
+                    context,
+                    &plan,
+                    layout,
+                    to_summarize,
+                    previous,
+                    *replaced_tokens,
+                    lookup,
+                ) {
+                    Ok(mut job) => {
+                        job.fallback = truncated;
+                        Prepared::Summarize(Box::new(job))
+                    }
+                    Err((kind, reason)) => Prepared::Forward {
+                        outcome: Outcome {
+                            kind,
+                            reason,
+                            ..base
+                        },
+                        next,
+                    },
+                }
+            }
+        }
+    }
+
+    /// The `truncate` stage's body, when the plan has one.
+    fn truncated(&self, context: &Context<'_, '_>, plan: &Plan) -> Option<Truncated> {
+        let layout = plan.truncation.as_ref()?;
+        let splice = self
+            .splice(context.conversation, layout, &plan.cleared)
+            .ok()?;
+        let dropped = layout.summarized(layout.head, |_| true).len();
+        Some(Truncated {
+            body: splice.apply_omission(context.body, dropped, self.config.summary_role),
+            tokens_after: layout.projected_tokens,
+            dropped,
+        })
+    }
+
+    /// The summarizer job for a planned summary, or why it cannot be made.
+    #[allow(clippy::too_many_arguments)]
+    fn job(
+        &self,
+        context: &Context<'_, '_>,
+        plan: &Plan,
+        layout: &Layout,
+        to_summarize: &[usize],
+        previous: &Option<CachedSummary>,
+        replaced_tokens: u64,
+        lookup: &mut ScopedLookup<'_>,
+    ) -> Result<Job, (OutcomeKind, &'static str)> {
+        let conversation = context.conversation;
+        let chain = plan
+            .chain
+            .as_ref()
+            .ok_or((OutcomeKind::Skipped, "no_chain"))?;
+        if context.model.is_empty() {
+            return Err((OutcomeKind::Skipped, "no_model"));
+        }
+        let splice = self
+            .splice(conversation, layout, &plan.cleared)
+            .map_err(|_| (OutcomeKind::Failed, "rewrite_invalid"))?;
+        let input = summary_input::select_cleared(
+            conversation,
+            to_summarize,
+            &plan.message_tokens,
+            &plan.cleared,
+            previous.as_ref().map(|p| p.text.as_str()),
+            &InputSettings {
+                budget: self.call_budget(&context.model),
+                oversize: self.config.oversize,
+                max_calls: self.config.max_summarizer_calls,
+                model: context.token_model,
+            },
+        );
+        Ok(Job {
+            // The chain was seeded with this request's scope: its digests are cache keys.
+            key: chain[layout.cut],
+            tenant: lookup.scope().tenant,
+            client_credentials: context.client_credentials,
+            splice,
+            layout: layout.clone(),
+            messages_summarized: to_summarize.len(),
+            replaced_tokens,
+            coverage: input.coverage(),
+            chunks: input.chunks,
+            previous: input.previous,
+            model: context.model.clone(),
+            upstream: context.upstream.clone(),
+            token_model: context.token_model,
+            tokens_before: plan.tokens_before,
+            cache_hit: plan.cache_hit,
+            outputs_cleared: plan.cleared.iter().map(|(_, c)| c.outputs).sum(),
+            window: plan.window,
+            fallback: None,
+            reason: context.reason,
+            ahead_base: None,
+        })
+    }
+}
+
+/// One request as the planner sees it once parsed.
+struct Context<'c, 'a> {
+    conversation: &'c Conversation<'a>,
+    body: &'c [u8],
+    settings: &'c PlanSettings,
+    token_model: TokenModel,
+    client_credentials: bool,
+    model: String,
+    upstream: String,
+    reason: Option<&'static str>,
+}
+
+fn forward(outcome: Outcome, window: Option<u64>) -> Prepared {
+    Prepared::Forward {
+        outcome,
+        next: Next {
+            window,
+            ahead: None,
+        },
+    }
+}
+
+fn truncated_body(truncated: Truncated, base: Outcome, next: Next) -> Prepared {
+    Prepared::Rewritten {
+        outcome: Outcome {
+            kind: OutcomeKind::Truncated,
+            tokens_after: truncated.tokens_after,
+            messages_dropped: truncated.dropped,
+            ..base
+        },
+        body: truncated.body,
+        notice: false,
+        next,
+    }
+}
