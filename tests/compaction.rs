@@ -517,3 +517,28 @@ async fn random_tool_heavy_conversations_are_always_accepted_upstream() {
     }
     assert!(summarized > 50, "only {summarized} of 200 were compacted");
 }
+
+#[tokio::test]
+async fn random_tool_heavy_conversations_through_every_stage_are_always_accepted_upstream() {
+    let settings = "  stages: [clear_tool_outputs, summarize, truncate]\n  clear_tool_outputs: {min_tokens: 30}\n  trigger: [{type: tokens, value: 1000}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 0\n  max_calls_per_minute_per_tenant: 1000\n  breaker_failures: 1000\nmodels:\n  - match: \"gpt-4o-mini\"\n    max_input_tokens: 1200\n";
+    let stack = stack_with(settings, MockOptions::default()).await;
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut seen = std::collections::BTreeMap::new();
+    for seed in 0..200 {
+        // Every third conversation finds the summarizer down: truncation is the last resort.
+        let down = (seed % 3 == 0).then_some(mock_upstream::MockFault::Status(500));
+        stack.summarizer.set_fault(down);
+        let messages = random_agent_conversation(&mut rng, seed);
+        let response = chat(&stack, &messages, &[]).await;
+        assert_eq!(
+            response.status,
+            StatusCode::OK,
+            "seed {seed}: {}",
+            response.text()
+        );
+        *seen.entry(compaction(&response).to_string()).or_insert(0) += 1;
+    }
+    for outcome in ["cleared", "summarized", "truncated"] {
+        assert!(seen.get(outcome).is_some_and(|n| *n > 5), "{seen:?}");
+    }
+}

@@ -108,6 +108,10 @@ impl SummaryLookup for ScopedLookup<'_> {
     fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
         self.cache.get(prefix).map(|summary| (*summary).clone())
     }
+
+    fn made_ahead(&mut self, prefix: &Digest) -> bool {
+        self.cache.made_ahead.get(prefix).is_some()
+    }
 }
 
 #[cfg(test)]

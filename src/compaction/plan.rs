@@ -117,6 +117,10 @@ pub trait SummaryLookup {
     fn chain_seed(&mut self) -> Digest;
     /// The summary cached under a prefix digest.
     fn get(&mut self, prefix: &Digest) -> Option<CachedSummary>;
+    /// Whether the summary under a prefix digest was made ahead of need and not used yet.
+    fn made_ahead(&mut self, _prefix: &Digest) -> bool {
+        false
+    }
 }
 
 /// No cache: every over-trigger request is summarized from scratch.
@@ -296,12 +300,7 @@ pub fn plan_in(
         return finish(pass_through("nothing_to_summarize"), None, false, analysis);
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
-    // The longest cached prefix: summaries are only ever stored at valid cuts.
-    let cached = (analysis.head + 1..=analysis.max_cut)
-        .rev()
-        .filter(|&len| analysis.valid_cut[len])
-        .find_map(|len| cache.get(&chain[len]).filter(|c| c.cut == len))
-        .filter(|c| analysis.usable(c));
+    let cached = analysis.cached(&chain, cache, mode);
     let mut decision = match &cached {
         Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
         None => {
@@ -404,6 +403,86 @@ impl Analysis {
 
     fn n(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// The summary to build on: the longest cached prefix (summaries are only ever stored at
+    /// valid cuts). A summary made ahead of need waits until the one in use stops fitting, so
+    /// it takes over at the trigger, as the summary made then would.
+    fn cached(
+        &self,
+        chain: &[Digest],
+        cache: &mut dyn SummaryLookup,
+        mode: Mode,
+    ) -> Option<CachedSummary> {
+        let mut newest = None;
+        for len in (self.head + 1..=self.max_cut).rev() {
+            if !self.valid_cut[len] {
+                continue;
+            }
+            let Some(summary) = cache
+                .get(&chain[len])
+                .filter(|c| c.cut == len && self.usable(c))
+            else {
+                continue;
+            };
+            let waiting = mode == Mode::Normal && cache.made_ahead(&chain[len]);
+            match newest {
+                None if waiting => newest = Some(summary),
+                None => return Some(summary),
+                Some(_) if waiting => {}
+                Some(ahead) => {
+                    let (tokens, messages) =
+                        self.projected(summary.cut, &summary.excluded, summary.tokens);
+                    let fits = !self.over(tokens, messages, 1.0, Goal::Now);
+                    return Some(if fits { summary } else { ahead });
+                }
+            }
+        }
+        newest
+    }
+
+    /// What `keep` keeps now so that, once the request has grown to the trigger (`goal`), the
+    /// tail is what `keep` would keep then: planning ahead, the growth still to come is taken
+    /// off (in messages, at the tail's own size per message).
+    fn keep_for(&self, keep: ContextSize, goal: Goal) -> ContextSize {
+        let Goal::AheadOf { tokens, messages } = goal else {
+            return keep;
+        };
+        let growth = |kind: fn(&Threshold) -> Option<u64>, now: u64| {
+            self.thresholds
+                .iter()
+                .filter_map(kind)
+                .map(|v| v.saturating_sub(now))
+                .min()
+        };
+        let growth_tokens = growth(
+            |t| matches!(t, Threshold::Tokens(_)).then_some(t.value()),
+            tokens,
+        );
+        let growth_messages = growth(
+            |t| matches!(t, Threshold::Messages(_)).then_some(t.value()),
+            messages,
+        );
+        let recent = self.n().saturating_sub(self.head).clamp(1, 20);
+        let per_message = (self.suffix[self.n() - recent] / recent as u64).max(1);
+        let coming = [growth_messages, growth_tokens.map(|g| g / per_message)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(0);
+        let coming_tokens = growth_tokens.unwrap_or(coming * per_message);
+        match keep {
+            ContextSize::Messages(count) => ContextSize::Messages(count.saturating_sub(coming)),
+            ContextSize::Tokens(budget) => {
+                ContextSize::Tokens(budget.saturating_sub(coming_tokens))
+            }
+            ContextSize::Fraction(f) => match self.model.max_input_tokens {
+                Some(window) => {
+                    ContextSize::Tokens(((window as f64 * f) as u64).saturating_sub(coming_tokens))
+                }
+                None => ContextSize::Messages(20u64.saturating_sub(coming)),
+            },
+        }
     }
 
     /// The `clear_tool_outputs` stage: every tool output of at least `min_tokens` before the
@@ -716,7 +795,7 @@ impl Analysis {
     }
 
     fn plan_fresh(&self, settings: &PlanSettings, goal: Goal) -> Decision {
-        let start = self.boundary_at_or_before(self.keep_cut(settings.keep));
+        let start = self.boundary_at_or_before(self.keep_cut(self.keep_for(settings.keep, goal)));
         let layout = self.apply_headroom(settings, start, self.head, &[], goal);
         if layout.summarized(self.head, |_| true).is_empty() {
             return Decision::PassThrough {
@@ -772,7 +851,7 @@ impl Analysis {
             _ => Goal::Now,
         };
         let start = self
-            .boundary_at_or_before(self.keep_cut(settings.keep))
+            .boundary_at_or_before(self.keep_cut(self.keep_for(settings.keep, goal)))
             .max(cached.cut);
         let layout = self.apply_headroom(settings, start, cached.cut, &cached.excluded, goal);
         let new = |i: usize| {

@@ -39,11 +39,22 @@ pub async fn echo_mock() -> MockHandle {
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The running app: tests wait on its background work through it.
+    pub app: Arc<App>,
     shutdown: Option<oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<bool>>,
 }
 
 impl Proxy {
+    /// Waits until no summary is being made ahead of need.
+    pub async fn background_idle(&self) {
+        if let Some(engine) = &self.app.compaction {
+            tokio::time::timeout(BOUND, engine.background_idle())
+                .await
+                .expect("background work ends within bound");
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
@@ -84,11 +95,12 @@ pub async fn proxy(yaml: &str) -> Proxy {
     let addr = listener.local_addr().expect("local addr");
     let app = Arc::new(App::new(config).expect("app builds"));
     let (tx, rx) = oneshot::channel::<()>();
-    let done = tokio::spawn(server::serve(listener, app, async move {
+    let done = tokio::spawn(server::serve(listener, app.clone(), async move {
         let _ = rx.await;
     }));
     Proxy {
         addr,
+        app,
         shutdown: Some(tx),
         done: Some(done),
     }

@@ -1,0 +1,319 @@
+//! Never a context-length error: the reactive retry after an upstream's context-length error
+//! (each provider's real error shape, from the mock), the truncation of last resort, and the
+//! clear 400 of `fail_mode: closed`. The mock counts tokens its own way (a quarter of the JSON
+//! length), as no real tokenizer counts like compactor's estimate.
+
+mod common;
+
+use common::*;
+use mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
+use serde_json::{json, Value};
+
+/// compactor in front of an echoing chat upstream and an echoing Anthropic upstream, both
+/// enforcing `window` tokens, and a summarizer; triggers far away so only the window matters.
+struct Windowed {
+    chat: MockHandle,
+    claude: MockHandle,
+    summarizer: MockHandle,
+    proxy: Proxy,
+}
+
+async fn windowed(window: u64, summarization: &str, extra: &str) -> Windowed {
+    let options = MockOptions {
+        mode: MockMode::Echo,
+        window: Some(window),
+        ..MockOptions::default()
+    };
+    let chat = mock(options.clone()).await;
+    let claude = mock(options).await;
+    let summarizer = mock(MockOptions {
+        mode: MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: chat\n    base_url: {}\n  - name: claude\n    api: anthropic\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 1000000}}]\n  keep: {{type: messages, value: 4}}\n{summarization}{extra}",
+        chat.base_url(),
+        claude.base_url(),
+        summarizer.base_url()
+    );
+    Windowed {
+        proxy: proxy(&yaml).await,
+        chat,
+        claude,
+        summarizer,
+    }
+}
+
+/// A chat of `turns` user/assistant pairs, each message about `chars` characters.
+fn chat_history(turns: usize, chars: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
+    for t in 0..turns {
+        let words = |who: &str| format!("{who} {t}: ") + &"lorem ipsum dolor ".repeat(chars / 18);
+        messages.push(json!({"role": "user", "content": words("question")}));
+        messages.push(json!({"role": "assistant", "content": words("answer")}));
+    }
+    messages.push(json!({"role": "user", "content": "And what now?"}));
+    messages
+}
+
+async fn post(proxy: &Proxy, path: &str, body: &Value, headers: &[(&str, &str)]) -> Collected {
+    roundtrip(
+        &client(),
+        json_request(&proxy.url(path), body.to_string(), headers),
+    )
+    .await
+}
+
+/// The mock's own count of a request body.
+fn mock_tokens(body: &[u8]) -> u64 {
+    mock_upstream::window::input_tokens(&serde_json::from_slice(body).expect("JSON"))
+}
+
+#[tokio::test]
+async fn a_context_length_error_becomes_one_compacted_answer_and_the_window_is_learned() {
+    let stack = windowed(2_000, "", "").await;
+    let messages = chat_history(15, 400);
+    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    assert!(mock_tokens(body.to_string().as_bytes()) > 2_000);
+
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(
+        stack.chat.window_refusals(),
+        1,
+        "one refusal, then the retry"
+    );
+    assert_eq!(stack.chat.chat_calls(), 1);
+    assert_eq!(stack.summarizer.chat_calls(), 1);
+    let retried = stack.chat.last_request().expect("retry");
+    assert!(mock_tokens(&retried.body) <= 2_000);
+    let forwarded: Value = retried.json();
+    assert_eq!(
+        forwarded["messages"][0], messages[0],
+        "the system prompt stays first"
+    );
+    assert_eq!(
+        forwarded["messages"].as_array().unwrap().last(),
+        messages.last(),
+        "the latest user message stays last"
+    );
+
+    // The error's limit is now this model's window: the next turn is compacted up front,
+    // with no second round trip to be refused.
+    let mut next = messages.clone();
+    next.push(json!({"role": "assistant", "content": "Now this."}));
+    next.push(json!({"role": "user", "content": "Thanks, and then?"}));
+    let body = json!({"model": "gpt-4o-mini", "messages": next});
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(
+        stack.chat.window_refusals(),
+        1,
+        "no refusal on the next turn"
+    );
+    assert!(["reused", "summarized"].contains(&outcome(&response).as_str()));
+}
+
+#[tokio::test]
+async fn a_stream_refused_before_its_first_byte_is_retried_compacted() {
+    let stack = windowed(2_000, "", "").await;
+    let body = json!({"model": "gpt-4o-mini", "stream": true, "messages": chat_history(15, 400)});
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.headers["content-type"], "text/event-stream");
+    assert_eq!(outcome(&response), "summarized");
+    let text = response.text();
+    assert!(
+        text.starts_with(": context_compacting"),
+        "the notice goes first: {text}"
+    );
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(stack.chat.window_refusals(), 1);
+    assert_eq!(stack.summarizer.chat_calls(), 1);
+}
+
+#[tokio::test]
+async fn every_providers_error_shape_is_recognised_and_its_limit_used() {
+    for style in ["openai", "azure", "vllm", "openrouter"] {
+        let stack = windowed(2_000, "", "").await;
+        let body =
+            json!({"model": "gpt-4o-mini", "max_tokens": 100, "messages": chat_history(15, 400)});
+        let headers = [("x-mock-window-style", style)];
+        let response = post(&stack.proxy, "/v1/chat/completions", &body, &headers).await;
+        assert_eq!(response.status, 200, "{style}: {}", response.text());
+        assert_eq!(outcome(&response), "summarized", "{style}");
+        assert_eq!(stack.chat.window_refusals(), 1, "{style}");
+    }
+
+    // Anthropic's "prompt is too long", on the Messages API.
+    let stack = windowed(2_000, "", "").await;
+    let mut messages = chat_history(15, 400);
+    messages.remove(0);
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "system": "Be brief.", "messages": messages});
+    let response = post(&stack.proxy, "/v1/messages", &body, &[]).await;
+    assert_eq!(response.status, 200, "anthropic: {}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(stack.claude.window_refusals(), 1);
+    assert_eq!(response.json()["type"], "message");
+
+    // The Responses API states no limit: the retry aims well under what was refused.
+    let stack = windowed(2_000, "", "").await;
+    let input: Vec<Value> = chat_history(15, 400).into_iter().skip(1).collect();
+    let body = json!({"model": "gpt-4o-mini", "instructions": "Be brief.", "input": input});
+    let response = post(&stack.proxy, "/v1/responses", &body, &[]).await;
+    assert_eq!(response.status, 200, "responses: {}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(stack.chat.window_refusals(), 1);
+}
+
+#[tokio::test]
+async fn a_request_that_cannot_fit_gets_the_upstreams_error_unchanged() {
+    let stack = windowed(2_000, "", "").await;
+    // One message larger than the window: nothing to summarize, nothing to drop.
+    let body = json!({"model": "gpt-4o-mini", "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "word ".repeat(3_000)},
+    ]});
+    let through = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    let direct = roundtrip(
+        &client(),
+        json_request(
+            &format!("{}/chat/completions", stack.chat.base_url()),
+            body.to_string(),
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(through.status, 400);
+    assert_eq!(
+        through.body, direct.body,
+        "byte for byte the upstream's error"
+    );
+    assert_eq!(through.json()["error"]["code"], "context_length_exceeded");
+    assert!(!through.headers.contains_key("x-compactor-error"));
+    assert_eq!(
+        stack.summarizer.chat_calls(),
+        0,
+        "no summary that cannot help"
+    );
+    assert_eq!(
+        stack.chat.window_refusals(),
+        2,
+        "ours and the direct one: no retry"
+    );
+}
+
+#[tokio::test]
+async fn reactive_retries_can_be_switched_off() {
+    let stack = windowed(2_000, "  reactive: false\n", "").await;
+    let body = json!({"model": "gpt-4o-mini", "messages": chat_history(15, 400)});
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 400);
+    assert_eq!(response.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(stack.summarizer.chat_calls(), 0);
+}
+
+const SMALL_WINDOW_MODEL: &str =
+    "models:\n  - match: \"gpt-4o-mini\"\n    max_input_tokens: 2500\n";
+
+#[tokio::test]
+async fn with_the_summarizer_down_truncation_fits_the_window_and_says_so() {
+    // The mock's window is a little larger than the configured one: its count is not ours.
+    let stack = windowed(
+        3_000,
+        "  stages: [summarize, truncate]\n",
+        SMALL_WINDOW_MODEL,
+    )
+    .await;
+    stack.summarizer.set_fault(Some(MockFault::Status(500)));
+    let messages = chat_history(15, 400);
+    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "truncated");
+    let dropped: usize = response.headers["x-compactor-messages-dropped"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(dropped >= 2 && dropped % 2 == 0, "whole turns: {dropped}");
+    assert_eq!(stack.chat.window_refusals(), 0, "sent under the window");
+    let forwarded = stack.chat.last_request().unwrap();
+    assert!(mock_tokens(&forwarded.body) <= 3_000);
+    let sent = forwarded.json()["messages"].as_array().unwrap().clone();
+    assert_eq!(sent[0], messages[0], "pinned head first");
+    assert!(sent[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("{dropped} earlier messages were left out")));
+    assert_eq!(sent.last(), messages.last(), "the latest user message kept");
+    // What is kept is the newest part, verbatim.
+    let kept = &sent[2..];
+    assert_eq!(kept, &messages[messages.len() - kept.len()..]);
+}
+
+#[tokio::test]
+async fn truncating_a_long_agent_run_keeps_its_one_user_message_and_whole_tool_groups() {
+    let stack = windowed(
+        3_000,
+        "  stages: [summarize, truncate]\n",
+        SMALL_WINDOW_MODEL,
+    )
+    .await;
+    stack.summarizer.set_fault(Some(MockFault::Status(503)));
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing tests."}),
+    ];
+    for i in 0..12 {
+        let id = format!("call_{i}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "fn step() { run(); }\n".repeat(40)}));
+    }
+    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    // The mock validates every call against its result: a split group would be a 400.
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "truncated");
+    let sent = stack.chat.last_request().unwrap().json()["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(sent[0], messages[0]);
+    // The note goes in front of the task, moved up, so no two user messages follow each other.
+    let first = sent[1]["content"].as_str().unwrap();
+    assert!(
+        first.contains("left out") && first.ends_with("Fix the failing tests."),
+        "{first}"
+    );
+    assert_eq!(sent[2]["role"], "assistant");
+    assert_eq!(sent.last(), messages.last());
+}
+
+#[tokio::test]
+async fn fail_closed_refuses_what_cannot_fit_with_the_numbers() {
+    let stack = windowed(1_000_000, "  fail_mode: closed\n", SMALL_WINDOW_MODEL).await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [
+        {"role": "user", "content": "word ".repeat(4_000)},
+    ]});
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 400, "{}", response.text());
+    let error = &response.json()["error"];
+    assert_eq!(error["code"], "context_too_large");
+    assert_eq!(error["type"], "invalid_request_error");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("2500"), "{message}");
+    assert_eq!(response.headers["x-compactor-error"], "context_too_large");
+    assert!(
+        stack.chat.requests().is_empty(),
+        "never sent to fail upstream"
+    );
+
+    // The same in open mode goes upstream as it is.
+    let stack = windowed(1_000_000, "", SMALL_WINDOW_MODEL).await;
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(response.status, 200);
+    assert_eq!(stack.chat.chat_calls(), 1);
+}
