@@ -1,6 +1,7 @@
 //! Simulated 100-turn sessions through the real compaction engine, with a summarizer that
-//! answers realistic 1 000-token summaries: what compaction costs and how often it reuses.
-//! `cargo bench --bench sessions` prints one row per session.
+//! answers realistic 1 000-token summaries: what compaction costs and how often it reuses,
+//! then the agent session under each stage setting (summaries on demand, made ahead, tool
+//! outputs cleared first). `cargo bench --bench sessions` prints the two tables.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,12 +77,67 @@ fn turn(kind: &str, i: usize, messages: &mut Vec<Value>) {
     }
 }
 
+/// The stage settings compared on the agent session.
+const VARIANTS: [(&str, &str); 4] = [
+    ("summarize (default)", ""),
+    ("summarize, precompute_at 0.8", "  precompute_at: 0.8\n"),
+    (
+        "clear_tool_outputs, summarize",
+        "  stages: [clear_tool_outputs, summarize]\n",
+    ),
+    (
+        "clear_tool_outputs, summarize, precompute_at 0.8",
+        "  stages: [clear_tool_outputs, summarize]\n  precompute_at: 0.8\n",
+    ),
+];
+
 async fn session(kind: &str) -> String {
-    let config = Config::from_yaml(CONFIG).expect("valid");
+    session_with(kind, "").await.row(kind)
+}
+
+/// What one session cost.
+struct Costs {
+    conversation_tokens: u64,
+    over: u64,
+    summarized: u64,
+    reused: u64,
+    cleared: u64,
+    calls: u64,
+    input_tokens: u64,
+    coverage: Option<f64>,
+}
+
+impl Costs {
+    fn row(&self, label: &str) -> String {
+        format!(
+            "| {label} | {} | {} | {} | {} | {:.2} | {:.0} % | {} |",
+            self.conversation_tokens,
+            self.over,
+            self.summarized,
+            self.calls,
+            self.input_tokens as f64 / self.conversation_tokens.max(1) as f64,
+            100.0 * self.reused as f64 / self.over.max(1) as f64,
+            self.coverage
+                .map(|c| format!("{:.0} %", c * 100.0))
+                .unwrap_or_else(|| "-".into()),
+        )
+    }
+
+    fn stage_row(&self, label: &str) -> String {
+        format!(
+            "| {label} | {} | {} | {} | {} | {} | {} |",
+            self.over, self.summarized, self.reused, self.cleared, self.calls, self.input_tokens,
+        )
+    }
+}
+
+async fn session_with(kind: &str, extra: &str) -> Costs {
+    let config = Config::from_yaml(&format!("{CONFIG}{extra}")).expect("valid");
     let summarizer = Arc::new(Counting::default());
     let engine = CompactionEngine::with_summarizer(&config, summarizer.clone());
     let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
-    let (mut over, mut reused, mut summarized, mut coverage) = (0u64, 0u64, 0u64, None);
+    let (mut over, mut reused, mut summarized, mut cleared, mut coverage) =
+        (0u64, 0u64, 0u64, 0u64, None);
     let mut conversation_tokens = 0;
     for i in 0..100 {
         turn(kind, i, &mut messages);
@@ -99,6 +155,9 @@ async fn session(kind: &str) -> String {
         else {
             continue;
         };
+        // A summary made ahead is ready before the next turn, as it is between turns of a
+        // real session (the model's answer takes far longer than the summary).
+        engine.background_idle().await;
         messages.pop();
         let outcome = compacted.outcome;
         conversation_tokens = outcome.tokens_before;
@@ -111,17 +170,20 @@ async fn session(kind: &str) -> String {
                 summarized += 1;
                 coverage = coverage.or(outcome.coverage);
             }
+            OutcomeKind::Cleared => cleared += 1,
             _ => {}
         }
     }
-    let calls = summarizer.calls.load(Ordering::Relaxed);
-    let input_tokens = summarizer.input_tokens.load(Ordering::Relaxed);
-    format!(
-        "| {kind} | {conversation_tokens} | {over} | {summarized} | {calls} | {:.2} | {:.0} % | {} |",
-        input_tokens as f64 / conversation_tokens.max(1) as f64,
-        100.0 * reused as f64 / over.max(1) as f64,
-        coverage.map(|c| format!("{:.0} %", c * 100.0)).unwrap_or_else(|| "-".into()),
-    )
+    Costs {
+        conversation_tokens,
+        over,
+        summarized,
+        reused,
+        cleared,
+        calls: summarizer.calls.load(Ordering::Relaxed),
+        input_tokens: summarizer.input_tokens.load(Ordering::Relaxed),
+        coverage,
+    }
 }
 
 fn main() {
@@ -133,5 +195,12 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for kind in ["chat", "agent", "cjk-agent"] {
         println!("{}", runtime.block_on(session(kind)));
+    }
+    println!();
+    println!("| agent session (100 turns), stages | over-trigger turns | waited on the summarizer | reused | cleared only | summarizer calls | summarizer input tokens |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (label, extra) in VARIANTS {
+        let costs = runtime.block_on(session_with("agent", extra));
+        println!("{}", costs.stage_row(label));
     }
 }

@@ -195,13 +195,7 @@ async fn proxy(
                     },
                 };
                 if app.config.summarization.reactive {
-                    retry = Some(Retry {
-                        engine,
-                        api,
-                        caller,
-                        original: bytes.clone(),
-                        headers: parts.headers.clone(),
-                    });
+                    retry = Some((engine, api, caller, bytes.clone()));
                 }
                 let result = engine
                     .compact(&parts.headers, bytes, &upstream.name, caller, api)
@@ -233,18 +227,17 @@ async fn proxy(
         method: parts.method,
         uri,
     };
-    let mut response = if retry.is_some() {
-        target
-            .send(headers.clone(), body, compacted.as_ref())
-            .await?
-    } else {
-        target.send(headers, body, compacted.as_ref()).await?
-    };
-    if let Some(mut retry) = retry {
+    // A retry after a context-length error is sent with the same headers.
+    let retry = retry.map(|(engine, api, caller, original)| Retry {
+        engine,
+        api,
+        caller,
+        original,
+        headers: headers.clone(),
+    });
+    let mut response = target.send(headers, body, compacted.as_ref()).await?;
+    if let Some(retry) = retry {
         if may_be_overflow(response.status().as_u16()) {
-            if key.is_some() {
-                retry.headers = headers_without_credentials(retry.headers);
-            }
             response = retry
                 .after_overflow(&target, response, &mut compacted)
                 .await?;
@@ -265,13 +258,6 @@ fn refused_error(failure: CompactionFailure) -> ProxyError {
         }
         failure => ProxyError::CompactionFailed(failure.to_string()),
     }
-}
-
-fn headers_without_credentials(mut headers: HeaderMap) -> HeaderMap {
-    for name in CREDENTIALS {
-        headers.remove(name);
-    }
-    headers
 }
 
 /// Where a request goes upstream.
@@ -308,7 +294,8 @@ struct Retry<'e, 'k> {
     caller: Caller<'k>,
     /// The client's body as it came.
     original: Bytes,
-    /// The headers as sent upstream, before the body's length.
+    /// The headers as sent upstream, before the body's length: the client's own (control
+    /// headers included, which the retry's compaction reads), less a compactor key.
     headers: HeaderMap,
 }
 
