@@ -317,3 +317,43 @@ async fn fail_closed_refuses_what_cannot_fit_with_the_numbers() {
     assert_eq!(response.status, 200);
     assert_eq!(stack.chat.chat_calls(), 1);
 }
+
+#[tokio::test]
+async fn truncation_keeps_messages_and_responses_requests_valid_for_their_apis() {
+    let models = "models:\n  - match: \"claude-sonnet-4-5\"\n    max_input_tokens: 2500\n  - match: \"gpt-4o-mini\"\n    max_input_tokens: 2500\n";
+    let stack = windowed(3_000, "  stages: [summarize, truncate]\n", models).await;
+    stack.summarizer.set_fault(Some(MockFault::Status(500)));
+    // A Claude Code-style run: tool_use turns answered by tool_result turns, strict alternation.
+    let mut messages = vec![json!({"role": "user", "content": "Fix the failing tests."})];
+    for i in 0..12 {
+        let id = format!("toolu_{i}");
+        messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": "Reading."}, {"type": "tool_use", "id": id, "name": "Read", "input": {"file_path": format!("src/f{i}.rs")}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "fn step() { run(); }\n".repeat(40)}]}));
+    }
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "system": "You are a coding agent.", "messages": messages});
+    let response = post(&stack.proxy, "/v1/messages", &body, &[]).await;
+    // The Anthropic mock refuses a broken alternation or an unpaired tool_use.
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "truncated");
+    let sent = stack.claude.last_request().unwrap().json();
+    let first = &sent["messages"][0]["content"];
+    assert!(first.to_string().contains("left out"), "{first}");
+    assert!(
+        first.to_string().contains("Fix the failing tests."),
+        "{first}"
+    );
+
+    let mut input = vec![json!({"role": "user", "content": "Fix the failing tests."})];
+    for i in 0..12 {
+        let id = format!("call_{i}");
+        input.push(
+            json!({"type": "function_call", "call_id": id, "name": "read_file", "arguments": "{}"}),
+        );
+        input.push(json!({"type": "function_call_output", "call_id": id, "output": "fn step() { run(); }\n".repeat(40)}));
+    }
+    let body =
+        json!({"model": "gpt-4o-mini", "instructions": "You are a coding agent.", "input": input});
+    let response = post(&stack.proxy, "/v1/responses", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "truncated");
+}
