@@ -1,5 +1,6 @@
 //! The one log line per request, written once its response body has ended, failed, or was
-//! dropped (a client that went away). No message content and no credential is ever in it.
+//! dropped (a client that went away), and the request counted in the metrics at the same
+//! moment. No message content and no credential is ever in either.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -8,22 +9,35 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use std::sync::Arc;
+
 use crate::body::{BoxError, ProxyBody};
+use crate::metrics::{Finished, Metrics, Name, Route};
+use crate::usage::UsageTap;
 
 /// What the request log line says; filled in as the request goes through its phases.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct RequestLog {
     /// Both are cheap clones of the request's own (shared) parts, not copies.
     pub method: http::Method,
     pub uri: http::Uri,
     pub status: u16,
-    pub upstream: Option<String>,
+    pub route: Route,
+    pub upstream: Option<Name>,
     pub model: Option<String>,
     /// The client key's name, when auth is on.
     pub key: Option<String>,
     pub bytes_in: u64,
     pub error: Option<&'static str>,
     pub compaction: Option<crate::compaction::Outcome>,
+    /// Where the request is counted, when metrics are on.
+    pub metrics: Option<Arc<Metrics>>,
+    /// The configured pattern the model matched, for the metrics.
+    pub model_label: Option<Name>,
+    /// When the response headers were ready, from the request's arrival.
+    pub headers_after: Option<Duration>,
+    /// Time spent waiting on upstreams for response headers.
+    pub upstream_wait: Duration,
 }
 
 /// Counts the bytes a client received and writes the request's log line exactly once: when the
@@ -33,21 +47,51 @@ pub struct LoggedBody {
     log: Option<RequestLog>,
     started: Instant,
     bytes_out: u64,
+    first_byte: Option<Duration>,
+    /// The usage the upstream reports, read as the body streams past (model calls only).
+    usage: Option<Box<UsageTap>>,
 }
 
 impl LoggedBody {
     pub fn new(inner: ProxyBody, log: RequestLog, started: Instant) -> Self {
+        let reads_usage =
+            log.metrics.is_some() && log.route.is_generation() && (200..300).contains(&log.status);
         LoggedBody {
             inner,
+            usage: reads_usage.then(Box::default),
             log: Some(log),
             started,
             bytes_out: 0,
+            first_byte: None,
         }
     }
 
     fn finish(&mut self, end: &'static str) {
-        if let Some(log) = self.log.take() {
-            emit_log_line(&log, self.started.elapsed(), self.bytes_out, end);
+        let Some(log) = self.log.take() else {
+            return;
+        };
+        let elapsed = self.started.elapsed();
+        emit_log_line(&log, elapsed, self.bytes_out, end);
+        if let Some(metrics) = &log.metrics {
+            let summarizer = log
+                .compaction
+                .as_ref()
+                .and_then(|c| c.summarizer_ms)
+                .map(Duration::from_millis)
+                .unwrap_or_default();
+            metrics.finished(&Finished {
+                route: log.route,
+                status: log.status,
+                upstream: log.upstream.as_ref(),
+                model: log.model_label.as_ref(),
+                duration: elapsed,
+                first_byte: self.first_byte,
+                overhead: log
+                    .headers_after
+                    .map(|at| at.saturating_sub(log.upstream_wait + summarizer)),
+                usage: self.usage.as_ref().and_then(|tap| tap.usage()),
+                compaction: log.compaction.as_ref(),
+            });
         }
     }
 }
@@ -96,7 +140,13 @@ impl Body for LoggedBody {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
+                    if self.first_byte.is_none() {
+                        self.first_byte = Some(self.started.elapsed());
+                    }
                     self.bytes_out += data.len() as u64;
+                    if let Some(tap) = &mut self.usage {
+                        tap.observe(data);
+                    }
                 }
             }
             Poll::Ready(Some(Err(_))) => self.finish("error"),

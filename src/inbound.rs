@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -165,10 +166,24 @@ impl Body for GuardedBody {
 #[derive(Clone)]
 pub struct BufferBudget {
     permits: Arc<Semaphore>,
+    units: usize,
+    /// Bodies being held now (for the metrics).
+    bodies: Arc<AtomicUsize>,
 }
 
-/// Bytes reserved from the budget; returned when dropped.
-pub struct Reservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+/// Bytes reserved from the budget for one body; returned when dropped.
+pub struct Reservation {
+    permit: Option<OwnedSemaphorePermit>,
+    body: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(bodies) = &self.body {
+            bodies.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("compactor is holding as many request bytes as it may")]
@@ -182,11 +197,32 @@ impl BufferBudget {
         let units = (max_bytes / Self::UNIT).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         BufferBudget {
             permits: Arc::new(Semaphore::new(units)),
+            units,
+            bodies: Arc::default(),
         }
     }
 
     pub fn empty_reservation() -> Reservation {
-        Reservation(None)
+        Reservation {
+            permit: None,
+            body: None,
+        }
+    }
+
+    /// A reservation for one body about to be read, counted among the bodies held.
+    fn begin(&self) -> Reservation {
+        self.bodies.fetch_add(1, Ordering::Relaxed);
+        Reservation {
+            permit: None,
+            body: Some(self.bodies.clone()),
+        }
+    }
+
+    /// Bodies held, and the bytes reserved for them, now.
+    pub fn held(&self) -> (u64, u64) {
+        let free = self.permits.available_permits();
+        let bytes = self.units.saturating_sub(free) as u64 * Self::UNIT;
+        (self.bodies.load(Ordering::Relaxed) as u64, bytes)
     }
 
     /// Adds room for `bytes` more to `reservation`, or fails at once when the budget is spent.
@@ -197,7 +233,7 @@ impl BufferBudget {
             .clone()
             .try_acquire_many_owned(units)
             .map_err(|_| Overloaded)?;
-        match &mut reservation.0 {
+        match &mut reservation.permit {
             Some(held) => held.merge(permit),
             none => *none = Some(permit),
         }
@@ -213,7 +249,7 @@ pub async fn read_whole(
     budget: &BufferBudget,
 ) -> Result<(Bytes, Reservation), ReadError> {
     use http_body_util::BodyExt;
-    let mut reservation = BufferBudget::empty_reservation();
+    let mut reservation = budget.begin();
     if let Some(length) = declared {
         budget.reserve(&mut reservation, length)?;
     }

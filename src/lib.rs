@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod app;
 pub mod auth;
 pub mod body;
 pub mod compaction;
@@ -15,8 +16,11 @@ pub mod error;
 pub mod headers;
 pub mod inbound;
 pub mod lean_client;
+pub mod metrics;
 pub mod notice;
+pub mod operate;
 pub mod proxy;
 pub mod routing;
 pub mod server;
 pub mod upstream;
+pub mod usage;

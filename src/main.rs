@@ -5,8 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use compactor::app::App;
 use compactor::config::{Config, RuntimeMode};
-use compactor::proxy::App;
+use compactor::operate;
 use compactor::server::{self, ConnectionSlots};
 use tracing_appender::non_blocking::{ErrorCounter, WorkerGuard};
 
@@ -72,8 +73,8 @@ fn main() -> ExitCode {
     let (_log_writer, dropped_lines) = init_logging(cli.log_format);
     server::install_crypto_provider();
     let code = match config.runtime.mode {
-        RuntimeMode::PerCore => run_per_core(config),
-        RuntimeMode::Shared => run_shared(config),
+        RuntimeMode::PerCore => run_per_core(config, &cli.config),
+        RuntimeMode::Shared => run_shared(config, &cli.config),
     };
     let dropped = dropped_lines.dropped_lines();
     if dropped > 0 {
@@ -83,7 +84,7 @@ fn main() -> ExitCode {
 }
 
 /// One work-stealing runtime on every core, one listener.
-fn run_shared(config: Config) -> ExitCode {
+fn run_shared(config: Config, path: &std::path::Path) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(config.runtime.worker_count())
@@ -111,14 +112,21 @@ fn run_shared(config: Config) -> ExitCode {
             }
         };
         let slots = start_up(&app, listener.local_addr().ok(), 1);
-        server::serve_on(listener, app, server::shutdown_signal(), slots).await;
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let operator = tokio::spawn(operate::run(app.clone(), path.to_path_buf(), stopping));
+        let shutdown = async {
+            server::shutdown_signal().await;
+            let _ = stop.send(true);
+        };
+        server::serve_on(listener, app, shutdown, slots).await;
+        let _ = operator.await;
         ExitCode::SUCCESS
     })
 }
 
 /// One single-threaded runtime per core, each with its own `SO_REUSEPORT` listener and upstream
 /// pools: a request never changes threads, and no two cores contend for one accept queue.
-fn run_per_core(config: Config) -> ExitCode {
+fn run_per_core(config: Config, path: &std::path::Path) -> ExitCode {
     let workers = config.runtime.worker_count();
     let listeners = match server::bind_reuseport(&config.listen, workers) {
         Ok(listeners) => listeners,
@@ -128,7 +136,7 @@ fn run_per_core(config: Config) -> ExitCode {
         }
     };
     let app = match App::new(config) {
-        Ok(app) => app,
+        Ok(app) => Arc::new(app),
         Err(e) => {
             eprintln!("compactor: {e}");
             return ExitCode::from(2);
@@ -169,15 +177,23 @@ fn run_per_core(config: Config) -> ExitCode {
             }
         }
     }
-    // The signal is awaited on a runtime of its own so no worker carries it.
+    // Signals, reloads and the admin listener run on a runtime of their own so no worker
+    // carries them.
     let signals = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
     match signals {
-        Ok(runtime) => runtime.block_on(server::shutdown_signal()),
-        Err(e) => eprintln!("compactor: cannot wait for signals: {e}"),
+        Ok(runtime) => runtime.block_on(async {
+            let operator = tokio::spawn(operate::run(app.clone(), path.to_path_buf(), stopping));
+            server::shutdown_signal().await;
+            let _ = stop.send(true);
+            let _ = operator.await;
+        }),
+        Err(e) => {
+            eprintln!("compactor: cannot wait for signals: {e}");
+            let _ = stop.send(true);
+        }
     }
-    let _ = stop.send(true);
     let mut code = ExitCode::SUCCESS;
     for thread in threads {
         match thread.join() {
@@ -196,12 +212,13 @@ fn run_per_core(config: Config) -> ExitCode {
 /// Start-up shared by both modes: warnings, the descriptor limit, the connection cap, and the
 /// line scripts wait for.
 fn start_up(app: &App, addr: Option<std::net::SocketAddr>, workers: usize) -> ConnectionSlots {
-    for warning in app.config.warnings() {
+    let config = app.config();
+    for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
     let fd_limit = server::raise_fd_limit();
-    let cap = server::connection_cap(app.config.limits.max_connections, fd_limit);
-    if cap < app.config.limits.max_connections {
+    let cap = server::connection_cap(config.limits.max_connections, fd_limit);
+    if cap < config.limits.max_connections {
         tracing::warn!(
             fd_limit,
             max_connections = cap,

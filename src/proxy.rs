@@ -3,9 +3,9 @@
 //! Logging happens once, when the response body ends (see [`crate::access_log::LoggedBody`]).
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 
 use crate::access_log::{LoggedBody, RequestLog};
+use crate::app::{App, Current};
 use crate::auth::{Auth, AuthFailure, ClientKey};
 use crate::body::{self, prefixed, ProxyBody, UpstreamBody};
 use crate::compaction::conversation::Api;
@@ -22,63 +23,12 @@ use crate::compaction::failure::CompactionFailure;
 use crate::compaction::overflow::{self, may_be_overflow};
 use crate::compaction::prepare::Reactive;
 use crate::compaction::scope::Caller;
-use crate::config::Config;
 use crate::error::{ErrorShape, ProxyError};
 use crate::headers::{strip_hop_by_hop, strip_own, CREDENTIALS};
-use crate::inbound::{read_whole, BodyBounds, BodyFault, BufferBudget, GuardedBody, ReadError};
-use crate::routing::{api_of, forwarded_path, model_of, Upstreams};
-use crate::upstream::{Upstream, UpstreamSetupError};
-
-/// Everything a request needs. Built once at start-up; each per-core worker gets its own copy
-/// via [`App::for_worker`], which shares everything but the upstream connection pools.
-pub struct App {
-    pub config: Arc<Config>,
-    pub upstreams: Arc<Upstreams>,
-    pub compaction: Option<CompactionEngine>,
-    auth: Arc<Auth>,
-    bounds: BodyBounds,
-    buffer_budget: BufferBudget,
-    ready: Arc<AtomicBool>,
-}
-
-impl App {
-    pub fn new(config: Config) -> Result<App, UpstreamSetupError> {
-        let config = Arc::new(config);
-        let upstreams = Arc::new(Upstreams::from_config(&config)?);
-        let compaction = config
-            .summarization
-            .enabled
-            .then(|| CompactionEngine::new(config.clone(), upstreams.clone()));
-        Ok(App {
-            auth: Arc::new(Auth::from_config(&config.auth)),
-            bounds: BodyBounds::from_config(&config.limits),
-            buffer_budget: BufferBudget::new(config.limits.max_buffered_bytes),
-            config,
-            upstreams,
-            compaction,
-            ready: Arc::new(AtomicBool::new(false)),
-        })
-    }
-
-    /// A copy for one worker thread: its own upstream connection pools (a connection lives on
-    /// the runtime that opened it, so no request hops threads), the rest shared — compaction
-    /// engine and cache, keys, the buffer budget, readiness.
-    pub fn for_worker(&self) -> Result<App, UpstreamSetupError> {
-        Ok(App {
-            config: self.config.clone(),
-            upstreams: Arc::new(Upstreams::from_config(&self.config)?),
-            compaction: self.compaction.clone(),
-            auth: self.auth.clone(),
-            bounds: self.bounds,
-            buffer_budget: self.buffer_budget.clone(),
-            ready: self.ready.clone(),
-        })
-    }
-
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
-    }
-}
+use crate::inbound::{read_whole, BodyFault, BufferBudget, GuardedBody, ReadError};
+use crate::metrics::{Metrics, Route};
+use crate::routing::{api_of, forwarded_path, model_hint, model_of};
+use crate::upstream::Upstream;
 
 /// The hyper service: never fails; every error becomes an OpenAI-shaped response (an
 /// Anthropic-shaped one on the Messages API's paths).
@@ -87,13 +37,16 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<LoggedBody>, Infallible> {
     let started = Instant::now();
-    let shape = ErrorShape::for_path(forwarded_path(&app.config.prefix, request.uri().path()));
+    let current = app.current();
+    let config = &current.generation.config;
+    let shape = ErrorShape::for_path(forwarded_path(&config.prefix, request.uri().path()));
     let mut log = RequestLog {
         method: request.method().clone(),
         uri: request.uri().clone(),
+        metrics: app.metrics().enabled().then(|| app.metrics_handle()),
         ..RequestLog::default()
     };
-    let response = match proxy(&app, request, &mut log).await {
+    let response = match proxy(&app, &current, request, &mut log).await {
         Ok(response) => response,
         Err(error) => {
             log.error = Some(error.code());
@@ -104,19 +57,24 @@ pub async fn handle(
         }
     };
     log.status = response.status().as_u16();
+    log.headers_after = Some(started.elapsed());
     Ok(response.map(|b| LoggedBody::new(b, log, started)))
 }
 
 async fn proxy(
     app: &App,
+    current: &Current,
     request: Request<Incoming>,
     log: &mut RequestLog,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    if let Some(response) = local_route(app, &request) {
+    let generation = &current.generation;
+    let config = &generation.config;
+    if let Some(response) = local_route(app, &request, false) {
+        log.route = Route::Local;
         return Ok(response);
     }
     let path = checked_path(&request)?;
-    let rest = forwarded_path(&app.config.prefix, &path)
+    let rest = forwarded_path(&config.prefix, &path)
         .ok_or_else(|| ProxyError::NotFound {
             method: request.method().to_string(),
             path: request.uri().path().to_string(),
@@ -124,7 +82,7 @@ async fn proxy(
         .to_string();
     let query = request.uri().query().map(str::to_string);
     let (parts, incoming) = request.into_parts();
-    let key = authenticate(app, &parts.headers)?;
+    let key = authenticate(&generation.auth, &parts.headers)?;
     log.key = key.map(|k| k.name.clone());
     let api = match rest.as_str() {
         _ if parts.method != Method::POST => None,
@@ -133,10 +91,16 @@ async fn proxy(
         "/messages" => Some(Api::Messages),
         _ => None,
     };
-    let compacting = api.is_some() && app.compaction.is_some();
+    log.route = match api {
+        Some(Api::ChatCompletions) => Route::ChatCompletions,
+        Some(Api::Responses) => Route::Responses,
+        Some(Api::Messages) => Route::Messages,
+        None => Route::Other,
+    };
+    let compacting = api.is_some() && generation.compaction.is_some();
     let family = api_of(&rest);
 
-    let bounds = app.bounds;
+    let bounds = generation.bounds;
     let declared = declared_length(&parts.headers);
     if declared.is_some_and(|len| len > bounds.max_bytes) {
         return Err(ProxyError::BodyTooLarge {
@@ -144,13 +108,13 @@ async fn proxy(
         });
     }
     let needs_model =
-        app.upstreams.routing_needs_model(family) || key.is_some_and(|k| k.restricts_models());
+        current.upstreams.routing_needs_model(family) || key.is_some_and(|k| k.restricts_models());
     let body = GuardedBody::new(incoming, bounds);
     // The reservation is held until the upstream has answered: it bounds the bytes all
     // buffered requests pin.
     let (inbound, _reservation) =
         if is_json_post(&parts.method, &parts.headers) && (compacting || needs_model) {
-            let (bytes, reservation) = read_whole(body, declared, &app.buffer_budget)
+            let (bytes, reservation) = read_whole(body, declared, app.buffer_budget())
                 .await
                 .map_err(|e| match e {
                     ReadError::Fault(fault) => ProxyError::from_body_fault(&fault),
@@ -174,27 +138,35 @@ async fn proxy(
             return Err(ProxyError::ModelNotAllowed(model.to_string()));
         }
     }
+    if log.metrics.is_some() && log.route.is_generation() {
+        let hint = match (&model, &inbound) {
+            (Some(model), _) => Some(model.as_str()),
+            (None, Inbound::Buffered(bytes)) => model_hint(bytes),
+            (None, Inbound::Streaming(_)) => None,
+        };
+        log.model_label = hint.and_then(|model| generation.model_labels.label(model));
+    }
     log.model = model.clone();
-    let upstream = app
+    let upstream = current
         .upstreams
         .route(model.as_deref(), family)
         .ok_or_else(|| ProxyError::NoUpstream(model.clone().unwrap_or_default()))?;
-    log.upstream = Some(upstream.name.clone());
+    log.upstream = Some(upstream.label.clone());
 
     let mut compacted = None;
     let mut retry = None;
     let body = match inbound {
         Inbound::Streaming(body) => body.boxed_unsync(),
-        Inbound::Buffered(bytes) => match (&app.compaction, api) {
+        Inbound::Buffered(bytes) => match (&generation.compaction, api) {
             (Some(engine), Some(api)) => {
                 let caller = Caller {
                     key: key.map(|k| k.name.as_str()),
                     may_force: match key {
                         Some(key) => key.allow_force,
-                        None => app.config.summarization.allow_force,
+                        None => config.summarization.allow_force,
                     },
                 };
-                if app.config.summarization.reactive {
+                if config.summarization.reactive {
                     retry = Some((engine, api, caller, bytes.clone()));
                 }
                 let result = engine
@@ -226,6 +198,7 @@ async fn proxy(
         upstream,
         method: parts.method,
         uri,
+        waited: AtomicU64::new(0),
     };
     // A retry after a context-length error is sent with the same headers.
     let retry = retry.map(|(engine, api, caller, original)| Retry {
@@ -234,6 +207,7 @@ async fn proxy(
         caller,
         original,
         headers: headers.clone(),
+        metrics: app.metrics(),
     });
     let mut response = target.send(headers, body, compacted.as_ref()).await?;
     if let Some(retry) = retry {
@@ -243,6 +217,7 @@ async fn proxy(
                 .await?;
         }
     }
+    log.upstream_wait = Duration::from_nanos(target.waited.load(Ordering::Relaxed));
     if let Some(result) = compacted {
         result.outcome.write_headers(response.headers_mut());
         log.compaction = Some(result.outcome);
@@ -265,6 +240,8 @@ struct Target<'u> {
     upstream: &'u Upstream,
     method: Method,
     uri: http::Uri,
+    /// Nanoseconds spent waiting for the upstream's response headers, retries included.
+    waited: AtomicU64,
 }
 
 impl Target<'_> {
@@ -280,7 +257,11 @@ impl Target<'_> {
         let request =
             self.upstream
                 .prepare_request(self.method.clone(), self.uri.clone(), headers, body);
-        send(self.upstream, request, compacted).await
+        let started = Instant::now();
+        let response = send(self.upstream, request, compacted).await;
+        let waited = started.elapsed().as_nanos() as u64;
+        self.waited.fetch_add(waited, Ordering::Relaxed);
+        response
     }
 }
 
@@ -297,6 +278,7 @@ struct Retry<'e, 'k> {
     /// The headers as sent upstream, before the body's length: the client's own (control
     /// headers included, which the retry's compaction reads), less a compactor key.
     headers: HeaderMap,
+    metrics: &'e Metrics,
 }
 
 impl Retry<'_, '_> {
@@ -340,9 +322,11 @@ impl Retry<'_, '_> {
             )
             .await;
         let Ok(again) = retried else {
+            self.metrics.reactive_retry("unchanged");
             return first(error, rest);
         };
         if !again.rewritten || sent_before.as_ref() == Some(&again.body) {
+            self.metrics.reactive_retry("unchanged");
             return first(error, rest);
         }
         tracing::info!(
@@ -353,10 +337,14 @@ impl Retry<'_, '_> {
         let second = target.send(self.headers, body, Some(&again)).await;
         match second {
             Ok(response) if response.status().is_success() => {
+                self.metrics.reactive_retry("ok");
                 *compacted = Some(again);
                 Ok(response)
             }
-            _ => first(error, rest),
+            _ => {
+                self.metrics.reactive_retry("failed");
+                first(error, rest)
+            }
         }
     }
 }
@@ -391,13 +379,13 @@ enum Inbound {
 
 /// The client key, when auth is on.
 fn authenticate<'a>(
-    app: &'a App,
+    auth: &'a Auth,
     headers: &HeaderMap,
 ) -> Result<Option<&'a ClientKey>, ProxyError> {
-    if !app.auth.enabled() {
+    if !auth.enabled() {
         return Ok(None);
     }
-    match app.auth.authenticate(headers) {
+    match auth.authenticate(headers) {
         Ok(key) => Ok(Some(key)),
         Err(AuthFailure::Missing) => Err(ProxyError::MissingKey),
         Err(AuthFailure::Unknown) => Err(ProxyError::UnknownKey),
@@ -446,22 +434,37 @@ fn normalized_path(path: &str) -> Result<String, ProxyError> {
     Ok(out)
 }
 
-fn local_route(app: &App, request: &Request<Incoming>) -> Option<Response<ProxyBody>> {
+/// What compactor answers itself: health and readiness, and the metrics unless they have a
+/// listener of their own (`admin.listen`). `on_admin` is that listener.
+pub fn local_route<B>(
+    app: &App,
+    request: &Request<B>,
+    on_admin: bool,
+) -> Option<Response<ProxyBody>> {
     if !matches!(*request.method(), Method::GET | Method::HEAD) {
         return None;
     }
-    let (status, text) = match request.uri().path() {
-        "/healthz" => (StatusCode::OK, r#"{"status":"ok"}"#),
-        "/readyz" if app.ready.load(Ordering::SeqCst) => (StatusCode::OK, r#"{"status":"ready"}"#),
-        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not_ready"}"#),
+    let json = |status: StatusCode, text: &'static str| (status, "application/json", text.into());
+    let (status, content_type, text): (StatusCode, &str, String) = match request.uri().path() {
+        "/healthz" => json(StatusCode::OK, r#"{"status":"ok"}"#),
+        "/readyz" if app.is_ready() => json(StatusCode::OK, r#"{"status":"ready"}"#),
+        "/readyz" => json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not_ready"}"#),
+        "/metrics"
+            if app.metrics().enabled() && (on_admin || app.config().admin.listen.is_none()) =>
+        {
+            (
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                app.render_metrics(),
+            )
+        }
         _ => return None,
     };
     let mut response = Response::new(body::full(text));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    if let Ok(value) = HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
     Some(response)
 }
 

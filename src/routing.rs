@@ -90,6 +90,20 @@ pub fn model_of(body: &[u8]) -> Option<String> {
         .and_then(|m| m.model.map(Cow::into_owned))
 }
 
+/// A cheap guess at the body's `model` for metrics labels: the first `"model"` member with a
+/// plain string value, found without parsing (a key cannot occur inside a string, where its
+/// quotes are escaped; an escaped value is not guessed at).
+pub fn model_hint(body: &[u8]) -> Option<&str> {
+    memchr::memmem::find_iter(body, br#""model""#).find_map(|at| {
+        let rest = body[at + 7..].trim_ascii_start().strip_prefix(b":")?;
+        let value = rest.trim_ascii_start().strip_prefix(b"\"")?;
+        let end = memchr::memchr2(b'"', b'\\', value)?;
+        (value[end] == b'"')
+            .then(|| std::str::from_utf8(&value[..end]).ok())
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +129,19 @@ mod tests {
         assert_eq!(model_of(br#"{"model":"a\"b"}"#).as_deref(), Some("a\"b"));
         assert_eq!(model_of(b"not json"), None);
         assert_eq!(model_of(br#"{"model":3}"#), None);
+    }
+
+    #[test]
+    fn the_model_hint_takes_the_first_plain_string_member() {
+        assert_eq!(
+            model_hint(br#"{"messages":[{"content":"say \"model\": \"x\""}],"model":"gpt-4o"}"#),
+            Some("gpt-4o")
+        );
+        assert_eq!(
+            model_hint(br#"{"tools":[{"properties":{"model":{"type":"string"}}}],"model" : "m"}"#),
+            Some("m")
+        );
+        assert_eq!(model_hint(br#"{"model":"a\"b"}"#), None);
+        assert_eq!(model_hint(b"{}"), None);
     }
 }

@@ -20,8 +20,8 @@ use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::app::App;
 use crate::config::Config;
-use crate::proxy::App;
 
 /// Installs the process-wide rustls crypto provider (ring); harmless when already installed.
 pub fn install_crypto_provider() {
@@ -77,7 +77,7 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
-    let slots = ConnectionSlots::new(app.config.limits.max_connections);
+    let slots = ConnectionSlots::new(app.config().limits.max_connections);
     serve_on(listener, app, shutdown, slots).await
 }
 
@@ -88,8 +88,9 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()>,
     slots: ConnectionSlots,
 ) -> bool {
-    let limits = &app.config.limits;
-    let grace = Duration::from_secs_f64(app.config.shutdown_grace_secs);
+    let config = app.config();
+    let limits = &config.limits;
+    let grace = Duration::from_secs_f64(config.shutdown_grace_secs);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

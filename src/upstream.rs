@@ -22,6 +22,8 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
 pub struct Upstream {
     pub name: String,
+    /// The name as a metrics label (and the log's upstream field): a reference count to copy.
+    pub label: crate::metrics::Name,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     /// The base URL's path without a trailing slash, e.g. `/v1`.
@@ -96,6 +98,7 @@ impl Upstream {
         Ok(Upstream {
             lean,
             name: config.name.clone(),
+            label: config.name.as_str().into(),
             scheme,
             authority,
             base_path,

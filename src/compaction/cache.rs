@@ -73,6 +73,16 @@ impl SummaryCache {
         self.entries.len()
     }
 
+    /// The bytes the entries weigh now.
+    pub fn weight(&self) -> u64 {
+        self.entries.weight()
+    }
+
+    /// The configured bound, in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.entries.capacity()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.len() == 0
     }

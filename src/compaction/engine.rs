@@ -29,6 +29,7 @@ use super::tokens::TokenModel;
 use super::{CacheUse, Outcome, OutcomeKind};
 use crate::config::{Config, FailMode, NoticeMode, SummarizationConfig};
 use crate::headers;
+use crate::metrics::Metrics;
 use crate::notice::Notice;
 use crate::routing::Upstreams;
 
@@ -42,6 +43,7 @@ type Shared = Result<Arc<CachedSummary>, CompactionFailure>;
 
 struct Inner {
     planner: Planner,
+    metrics: Arc<Metrics>,
     flights: SingleFlight<Shared>,
     budget: SummarizerBudget,
     summarizer: Arc<dyn Summarizer>,
@@ -113,16 +115,34 @@ impl Compacted {
 }
 
 impl CompactionEngine {
-    pub fn new(config: Arc<Config>, upstreams: Arc<Upstreams>) -> CompactionEngine {
+    /// The engine of `config`, calling the summarizer on `upstreams`; after a reload,
+    /// `previous` hands over its summary cache and learned windows.
+    pub fn new(
+        config: &Config,
+        upstreams: Arc<Upstreams>,
+        metrics: Arc<Metrics>,
+        previous: Option<&CompactionEngine>,
+    ) -> CompactionEngine {
         let timeout = Duration::from_secs_f64(config.summarization.timeout_secs);
         let summarizer = Arc::new(HttpSummarizer::new(upstreams, timeout));
-        CompactionEngine::with_summarizer(&config, summarizer)
+        CompactionEngine::build(config, summarizer, metrics, previous)
     }
 
+    /// An engine with its own summarizer and no metrics (tests and benchmarks).
     pub fn with_summarizer(config: &Config, summarizer: Arc<dyn Summarizer>) -> CompactionEngine {
+        CompactionEngine::build(config, summarizer, Arc::new(Metrics::new(false)), None)
+    }
+
+    fn build(
+        config: &Config,
+        summarizer: Arc<dyn Summarizer>,
+        metrics: Arc<Metrics>,
+        previous: Option<&CompactionEngine>,
+    ) -> CompactionEngine {
         CompactionEngine {
             inner: Arc::new(Inner {
-                planner: Planner::new(config),
+                planner: Planner::new(config, previous.map(|p| &p.inner.planner)),
+                metrics,
                 flights: SingleFlight::default(),
                 budget: SummarizerBudget::new(&config.summarization),
                 summarizer,
@@ -137,6 +157,12 @@ impl CompactionEngine {
 
     pub fn cached_summaries(&self) -> usize {
         self.inner.planner.cache.len()
+    }
+
+    /// Entries in the summary cache and the bytes they weigh.
+    pub fn cache_size(&self) -> (u64, u64) {
+        let cache = &self.inner.planner.cache;
+        (cache.len() as u64, cache.weight())
     }
 
     /// Waits until no summary is being made ahead of need (for tests, benchmarks and shutdown).
@@ -380,6 +406,7 @@ impl CompactionEngine {
         let summary = match summary {
             Ok(summary) => summary,
             Err(failure) => {
+                self.inner.metrics.summary_failed(failure.label());
                 if let Some(truncated) = job.fallback.take() {
                     tracing::warn!(reason = failure.label(), "no summary, truncated: {failure}");
                     let outcome = Outcome {
@@ -474,7 +501,7 @@ impl CompactionEngine {
         let tenant = job.tenant;
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(config.timeout_secs) * chunks.len().max(1) as u32;
-        let (shared, _started) = self
+        let (shared, started) = self
             .inner
             .flights
             .join(flight, move || {
@@ -518,6 +545,9 @@ impl CompactionEngine {
                 }
             })
             .await;
+        if !started {
+            self.inner.metrics.single_flight_joined();
+        }
         shared.unwrap_or(Err(CompactionFailure::Internal))
     }
 
@@ -559,14 +589,17 @@ impl Inner {
                 previous.as_deref(),
                 chunk,
             );
+            let started = Instant::now();
             let text = self
                 .summarizer
                 .summarize(SummaryRequest {
                     prompt,
                     ..request.clone()
                 })
-                .await?;
-            previous = Some(text);
+                .await;
+            self.metrics
+                .summarizer_call(text.is_ok(), started.elapsed());
+            previous = Some(text?);
         }
         previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))
     }

@@ -4,6 +4,7 @@
 //! the engine as a [`Job`]; a summary worth making ahead of need as a second one.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::cache::{CacheKey, ScopedLookup, SummaryCache};
 use super::clearing::Cleared;
@@ -146,11 +147,13 @@ pub(super) struct Planner {
     /// Client keys with triggers or a summarizer model of their own, by key name.
     per_key: HashMap<String, KeySettings>,
     pub windows: Windows,
-    pub cache: SummaryCache,
+    pub cache: Arc<SummaryCache>,
 }
 
 impl Planner {
-    pub fn new(config: &Config) -> Planner {
+    /// The planner of `config`; with `previous` (a reload), its summary cache (when its size is
+    /// unchanged) and learned windows carry over.
+    pub fn new(config: &Config, previous: Option<&Planner>) -> Planner {
         let settings = PlanSettings::from_config(&config.summarization);
         let per_key = config
             .auth
@@ -173,8 +176,13 @@ impl Planner {
             config: config.summarization.clone(),
             settings,
             per_key,
-            windows: Windows::new(&config.models),
-            cache: SummaryCache::new(config.cache.max_bytes),
+            windows: Windows::carrying(&config.models, previous.map(|p| &p.windows)),
+            cache: match previous {
+                Some(previous) if previous.cache.capacity() == config.cache.max_bytes => {
+                    previous.cache.clone()
+                }
+                _ => Arc::new(SummaryCache::new(config.cache.max_bytes)),
+            },
         }
     }
 

@@ -2,6 +2,7 @@
 //! context-length error taught (kept in memory, per model name, bounded).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use quick_cache::sync::Cache;
 
@@ -16,27 +17,43 @@ const LEARNED_MODELS: usize = 1024;
 pub struct Windows {
     table: ModelTable,
     bounds: ModelBounds,
+    learned: Arc<Learned>,
+}
+
+/// What errors taught, kept across configuration reloads (they are facts about the upstreams).
+struct Learned {
     /// Windows learned from errors, in the estimate's tokens.
-    learned: Cache<String, u64>,
+    windows: Cache<String, u64>,
     /// The smallest window ever learned (`u64::MAX` for none): the size bound must respect it.
-    smallest_learned: AtomicU64,
+    smallest: AtomicU64,
 }
 
 impl Windows {
     pub fn new(models: &[ModelConfig]) -> Windows {
+        Windows::carrying(models, None)
+    }
+
+    /// The table of `models`, with the windows `previous` learned.
+    pub fn carrying(models: &[ModelConfig], previous: Option<&Windows>) -> Windows {
         let table = ModelTable::new(models);
+        let learned = match previous {
+            Some(previous) => previous.learned.clone(),
+            None => Arc::new(Learned {
+                windows: Cache::new(LEARNED_MODELS),
+                smallest: AtomicU64::new(u64::MAX),
+            }),
+        };
         Windows {
             bounds: ModelBounds::of(&table),
             table,
-            learned: Cache::new(LEARNED_MODELS),
-            smallest_learned: AtomicU64::new(u64::MAX),
+            learned,
         }
     }
 
     /// How `model` counts, with the smaller of its configured and learned windows.
     pub fn token_model(&self, model: Option<&str>) -> TokenModel {
         let mut token_model = self.table.lookup(model);
-        if let Some(learned) = model.and_then(|name| self.learned.get(name)) {
+        if let Some(learned) = model.and_then(|name| self.learned.windows.get(name)) {
             token_model.max_input_tokens = Some(match token_model.max_input_tokens {
                 Some(configured) => configured.min(learned),
                 None => learned,
@@ -47,7 +64,7 @@ impl Windows {
 
     /// The size bound's view of every model, learned windows included.
     pub fn bounds(&self) -> ModelBounds {
-        let learned = self.smallest_learned.load(Ordering::Relaxed);
+        let learned = self.learned.smallest.load(Ordering::Relaxed);
         let mut bounds = self.bounds;
         if learned != u64::MAX {
             bounds.min_window = Some(bounds.min_window.map_or(learned, |w| w.min(learned)));
@@ -56,8 +73,8 @@ impl Windows {
     }
 
     pub fn learn(&self, model: &str, window: u64) {
-        self.learned.insert(model.to_string(), window);
-        self.smallest_learned.fetch_min(window, Ordering::Relaxed);
+        self.learned.windows.insert(model.to_string(), window);
+        self.learned.smallest.fetch_min(window, Ordering::Relaxed);
     }
 }
 

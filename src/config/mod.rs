@@ -67,6 +67,41 @@ pub struct Config {
     pub shutdown_grace_secs: f64,
     /// How requests are spread over the cores.
     pub runtime: RuntimeConfig,
+    /// Metrics and traces.
+    pub telemetry: TelemetryConfig,
+    /// A second listener for operators: `/metrics`, `/healthz`, `/readyz` away from the API.
+    pub admin: AdminConfig,
+    /// Reloading this file while serving.
+    pub reload: ReloadConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Prometheus metrics at `GET /metrics` (on `admin.listen` when set, else on `listen`).
+    pub metrics: bool,
+    /// OTLP/HTTP collector base URL (e.g. `http://otel-collector:4318`): a span per request,
+    /// the summarizer call as a child span, W3C `traceparent` sent upstream; null: no traces.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `host:port` of the operators' listener; null: those routes are on `listen`.
+    pub listen: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReloadConfig {
+    /// Also reload when the file's content changes (checked every `interval_secs`), besides on
+    /// SIGHUP.
+    pub watch: bool,
+    /// How often the watch looks at the file.
+    pub interval_secs: f64,
 }
 
 /// How the proxy's threads serve connections.
@@ -474,6 +509,9 @@ impl Default for Config {
             tls: TlsConfig::default(),
             shutdown_grace_secs: 30.0,
             runtime: RuntimeConfig::default(),
+            telemetry: TelemetryConfig::default(),
+            admin: AdminConfig::default(),
+            reload: ReloadConfig::default(),
         }
     }
 }
@@ -531,6 +569,25 @@ impl Default for SummarizationConfig {
                 .map(String::from)
                 .to_vec(),
             skills_container_path: "/mnt/skills".into(),
+        }
+    }
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            metrics: true,
+            otlp_endpoint: None,
+            service_name: "compactor".into(),
+        }
+    }
+}
+
+impl Default for ReloadConfig {
+    fn default() -> Self {
+        ReloadConfig {
+            watch: false,
+            interval_secs: 2.0,
         }
     }
 }
@@ -632,6 +689,12 @@ impl Config {
             if let Some(secret) = key.key.as_mut() {
                 expand(format!("auth.keys[{i}].key"), &mut secret.0);
             }
+        }
+        if let Some(endpoint) = self.telemetry.otlp_endpoint.as_mut() {
+            expand("telemetry.otlp_endpoint".into(), endpoint);
+        }
+        if let Some(listen) = self.admin.listen.as_mut() {
+            expand("admin.listen".into(), listen);
         }
         let s = &mut self.summarization;
         if let Some(model) = s.model_name.as_mut() {

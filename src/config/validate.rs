@@ -32,6 +32,25 @@ impl Config {
         if self.upstreams.is_empty() {
             problems.push("upstreams: at least one upstream is required".into());
         }
+        if let Some(admin) = &self.admin.listen {
+            if admin.parse::<SocketAddr>().is_err() {
+                problems.push(format!(
+                    "admin.listen: '{admin}' is not a host:port socket address"
+                ));
+            }
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint {
+            let valid = endpoint.parse::<http::Uri>().is_ok_and(|uri| {
+                matches!(uri.scheme_str(), Some("http") | Some("https"))
+                    && uri.authority().is_some()
+            });
+            if !valid {
+                problems.push(format!(
+                    "telemetry.otlp_endpoint: '{endpoint}' is not an http(s) URL"
+                ));
+            }
+        }
+        positive_secs("reload.interval_secs", self.reload.interval_secs, problems);
         let mut names = std::collections::HashSet::new();
         for (i, upstream) in self.upstreams.iter().enumerate() {
             let key = format!("upstreams[{i}]");

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use compactor::app::App;
 use compactor::config::Config;
-use compactor::proxy::App;
 use compactor::server;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -48,7 +48,7 @@ pub struct Proxy {
 impl Proxy {
     /// Waits until no summary is being made ahead of need.
     pub async fn background_idle(&self) {
-        if let Some(engine) = &self.app.compaction {
+        if let Some(engine) = self.app.compaction() {
             tokio::time::timeout(BOUND, engine.background_idle())
                 .await
                 .expect("background work ends within bound");
