@@ -52,6 +52,7 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let loaded = operate::fingerprint(&cli.config);
     let config = match Config::load(&cli.config) {
         Ok(config) => config,
         Err(e) => {
@@ -73,8 +74,8 @@ fn main() -> ExitCode {
     let (_log_writer, dropped_lines) = init_logging(cli.log_format);
     server::install_crypto_provider();
     let code = match config.runtime.mode {
-        RuntimeMode::PerCore => run_per_core(config, &cli.config),
-        RuntimeMode::Shared => run_shared(config, &cli.config),
+        RuntimeMode::PerCore => run_per_core(config, &cli.config, loaded),
+        RuntimeMode::Shared => run_shared(config, &cli.config, loaded),
     };
     let dropped = dropped_lines.dropped_lines();
     if dropped > 0 {
@@ -84,7 +85,7 @@ fn main() -> ExitCode {
 }
 
 /// One work-stealing runtime on every core, one listener.
-fn run_shared(config: Config, path: &std::path::Path) -> ExitCode {
+fn run_shared(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(config.runtime.worker_count())
@@ -113,7 +114,12 @@ fn run_shared(config: Config, path: &std::path::Path) -> ExitCode {
         };
         let slots = start_up(&app, listener.local_addr().ok(), 1);
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let operator = tokio::spawn(operate::run(app.clone(), path.to_path_buf(), stopping));
+        let operator = tokio::spawn(operate::run(
+            app.clone(),
+            path.to_path_buf(),
+            loaded,
+            stopping,
+        ));
         let shutdown = async {
             server::shutdown_signal().await;
             let _ = stop.send(true);
@@ -126,7 +132,7 @@ fn run_shared(config: Config, path: &std::path::Path) -> ExitCode {
 
 /// One single-threaded runtime per core, each with its own `SO_REUSEPORT` listener and upstream
 /// pools: a request never changes threads, and no two cores contend for one accept queue.
-fn run_per_core(config: Config, path: &std::path::Path) -> ExitCode {
+fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>) -> ExitCode {
     let workers = config.runtime.worker_count();
     let listeners = match server::bind_reuseport(&config.listen, workers) {
         Ok(listeners) => listeners,
@@ -184,7 +190,12 @@ fn run_per_core(config: Config, path: &std::path::Path) -> ExitCode {
         .build();
     match signals {
         Ok(runtime) => runtime.block_on(async {
-            let operator = tokio::spawn(operate::run(app.clone(), path.to_path_buf(), stopping));
+            let operator = tokio::spawn(operate::run(
+                app.clone(),
+                path.to_path_buf(),
+                loaded,
+                stopping,
+            ));
             server::shutdown_signal().await;
             let _ = stop.send(true);
             let _ = operator.await;

@@ -20,7 +20,13 @@ use crate::proxy::local_route;
 
 /// The operator's side until `stopping` turns true: the admin listener when configured, and
 /// reloads.
-pub async fn run(app: Arc<App>, path: PathBuf, stopping: watch::Receiver<bool>) {
+/// `loaded` is the fingerprint of the file as it was read at start-up.
+pub async fn run(
+    app: Arc<App>,
+    path: PathBuf,
+    loaded: Option<[u8; 32]>,
+    stopping: watch::Receiver<bool>,
+) {
     let stopped = |mut stopping: watch::Receiver<bool>| async move {
         let _ = stopping.wait_for(|stop| *stop).await;
     };
@@ -41,12 +47,17 @@ pub async fn run(app: Arc<App>, path: PathBuf, stopping: watch::Receiver<bool>) 
             Err(e) => tracing::error!("cannot listen on admin.listen {listen}: {e}"),
         }
     }
-    reload_until(&app, &path, stopped(stopping)).await;
+    reload_until(&app, &path, loaded, stopped(stopping)).await;
 }
 
-/// Reloads `path` into `app` on SIGHUP, and when its content changes while `reload.watch` is
-/// on, until `shutdown` resolves.
-pub async fn reload_until(app: &App, path: &Path, shutdown: impl Future<Output = ()>) {
+/// Reloads `path` into `app` on SIGHUP, and when its content changes (from `loaded`, its
+/// fingerprint when last read) while `reload.watch` is on, until `shutdown` resolves.
+pub async fn reload_until(
+    app: &App,
+    path: &Path,
+    loaded: Option<[u8; 32]>,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     #[cfg(unix)]
     let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -56,7 +67,7 @@ pub async fn reload_until(app: &App, path: &Path, shutdown: impl Future<Output =
             None
         }
     };
-    let mut seen = fingerprint(path);
+    let mut seen = loaded;
     loop {
         let reload = app.config().reload.clone();
         // A content watch rather than file events: a Kubernetes ConfigMap changes by swapping
@@ -98,7 +109,8 @@ pub async fn reload_until(app: &App, path: &Path, shutdown: impl Future<Output =
     }
 }
 
-fn fingerprint(path: &Path) -> Option<[u8; 32]> {
+/// The file's content hash: what the watch compares.
+pub fn fingerprint(path: &Path) -> Option<[u8; 32]> {
     std::fs::read(path)
         .ok()
         .map(|text| Sha256::digest(text).into())

@@ -208,3 +208,220 @@ async fn the_soft_fd_limit_is_raised_so_idle_sockets_cannot_lock_clients_out() {
     let response = roundtrip(&client(), json_request(&url, chat_body("hi", false), &[])).await;
     assert_eq!(response.status, http::StatusCode::OK);
 }
+
+/// The binary, started on `config`, with its address and its stderr lines on a channel.
+async fn start(
+    config: &std::path::Path,
+) -> (
+    tokio::process::Child,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("compactor starts");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(BOUND, stdout.next_line())
+        .await
+        .expect("announces in time")
+        .expect("reads stdout")
+        .expect("a line");
+    let addr = line.rsplit("http://").next().expect("address").to_string();
+    let (lines, received) = tokio::sync::mpsc::unbounded_channel();
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, addr, received)
+}
+
+/// Waits (bounded) for a stderr line containing `text`; returns it.
+async fn wait_for_line(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    text: &str,
+) -> String {
+    let found = async {
+        while let Some(line) = lines.recv().await {
+            if line.contains(text) {
+                return line;
+            }
+        }
+        panic!("stderr ended before '{text}'");
+    };
+    tokio::time::timeout(BOUND, found)
+        .await
+        .unwrap_or_else(|_| panic!("no '{text}' in time"))
+}
+
+async fn sighup(child: &tokio::process::Child) {
+    let pid = child.id().expect("pid").to_string();
+    let sent = Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .await
+        .expect("kill runs");
+    assert!(sent.success());
+}
+
+fn reloadable_config(upstream: &str, summarizer: &str, key: &str, trigger: u64) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {upstream}\n    api_key: {key}\n  - name: summarizer\n    base_url: {summarizer}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: {trigger}}}]\n  keep: {{type: messages, value: 2}}\n"
+    )
+}
+
+fn long_chat() -> String {
+    let mut messages = Vec::new();
+    for t in 0..6 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {t} ") + &"words ".repeat(40)}));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("answer {t} ") + &"reply ".repeat(40)}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "go on"}));
+    serde_json::json!({"model": "gpt-4o-mini", "messages": messages}).to_string()
+}
+
+#[tokio::test]
+async fn sighup_reloads_keys_and_triggers_without_dropping_a_stream_and_refuses_a_broken_file() {
+    let upstream = mock(MockOptions::default()).await;
+    let summarizer = mock(MockOptions {
+        mode: mock_upstream::MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let (up, sum) = (upstream.base_url(), summarizer.base_url());
+    let file = write_config(&reloadable_config(&up, &sum, "key-one", 1_000_000));
+    let (mut child, addr, mut lines) = start(file.path()).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    let client = client();
+
+    // A stream in flight across the reload.
+    let headers = [("x-mock-chunks", "4"), ("x-mock-gate", "reload")];
+    let response = send(&client, json_request(&url, chat_body("go", true), &headers)).await;
+    let mut stream = response.into_body();
+    assert!(next_data(&mut stream).await.is_some());
+    assert_eq!(
+        upstream.last_request().unwrap().headers["authorization"],
+        "Bearer key-one"
+    );
+
+    std::fs::write(file.path(), reloadable_config(&up, &sum, "key-two", 200)).unwrap();
+    sighup(&child).await;
+    wait_for_line(&mut lines, "configuration reloaded").await;
+    upstream.open_gate("reload");
+    let mut rest = Vec::new();
+    while let Some(data) = next_data(&mut stream).await {
+        rest.extend_from_slice(&data);
+    }
+    assert!(
+        String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
+        "the stream finished"
+    );
+
+    // The next request has the new key and the new trigger.
+    let compacted = roundtrip(&client, json_request(&url, long_chat(), &[])).await;
+    assert_eq!(compacted.status, 200);
+    assert_eq!(compacted.headers["x-compactor-compaction"], "summarized");
+    assert_eq!(
+        upstream.last_request().unwrap().headers["authorization"],
+        "Bearer key-two"
+    );
+
+    // A broken file is refused, naming the key, and the running config stays.
+    std::fs::write(
+        file.path(),
+        reloadable_config(&up, &sum, "key-three", 200).replace("keep:", "kepe:"),
+    )
+    .unwrap();
+    sighup(&child).await;
+    let refused = wait_for_line(&mut lines, "reload refused").await;
+    assert!(refused.contains("kepe"), "{refused}");
+    let still = roundtrip(&client, json_request(&url, long_chat(), &[])).await;
+    assert_eq!(still.status, 200);
+    assert_eq!(still.headers["x-compactor-compaction"], "reused");
+    assert_eq!(
+        upstream.last_request().unwrap().headers["authorization"],
+        "Bearer key-two"
+    );
+
+    // `listen` changes only with a restart, and the log says so.
+    let moved = reloadable_config(&up, &sum, "key-two", 200).replace("127.0.0.1:0", "127.0.0.1:1");
+    std::fs::write(file.path(), moved).unwrap();
+    sighup(&child).await;
+    let warning = wait_for_line(&mut lines, "only after a restart").await;
+    assert!(warning.contains("listen"), "{warning}");
+    let _ = child.kill().await;
+}
+
+#[tokio::test]
+async fn a_watched_file_is_reloaded_when_its_content_changes() {
+    let upstream = echo_mock().await;
+    let config = |key: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nreload:\n  watch: true\n  interval_secs: 0.1\nupstreams:\n  - name: mock\n    base_url: {}\n    api_key: {key}\n",
+            upstream.base_url()
+        )
+    };
+    let file = write_config(&config("key-one"));
+    let (mut child, addr, mut lines) = start(file.path()).await;
+    std::fs::write(file.path(), config("key-two")).unwrap();
+    wait_for_line(&mut lines, "configuration reloaded").await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    let response = roundtrip(&client(), json_request(&url, chat_body("hi", false), &[])).await;
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        upstream.last_request().unwrap().headers["authorization"],
+        "Bearer key-two"
+    );
+    let _ = child.kill().await;
+}
+
+#[tokio::test]
+async fn the_log_and_the_metrics_carry_no_secret_and_no_message_content() {
+    let upstream = echo_mock().await;
+    let file = write_config(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n    api_key: sk-operator-secret\n",
+        upstream.base_url()
+    ));
+    let (mut child, addr, mut lines) = start(file.path()).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    let client = client();
+    let headers = [("authorization", "Bearer sk-client-secret")];
+    for stream in [false, true] {
+        let body = chat_body("the secret plan is tangerine-nebula", stream);
+        let response = roundtrip(&client, json_request(&url, body, &headers)).await;
+        assert_eq!(response.status, 200);
+    }
+    let metrics = roundtrip(
+        &client,
+        http::Request::get(format!("http://{addr}/metrics"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .text();
+    assert!(metrics.contains("compactor_requests_total"));
+    let _ = child.kill().await;
+    let _ = child.wait().await;
+    let mut log = Vec::new();
+    while let Ok(Some(line)) =
+        tokio::time::timeout(std::time::Duration::from_millis(200), lines.recv()).await
+    {
+        log.push(line);
+    }
+    let log = log.join("\n");
+    assert!(log.contains("request"), "the access log was written: {log}");
+    for text in [&log, &metrics] {
+        for secret in ["sk-operator-secret", "sk-client-secret", "tangerine-nebula"] {
+            assert!(!text.contains(secret), "{secret} leaked");
+        }
+    }
+}
