@@ -38,6 +38,8 @@ pub struct RequestLog {
     pub headers_after: Option<Duration>,
     /// Time spent waiting on upstreams for response headers.
     pub upstream_wait: Duration,
+    /// The request's trace span (none when traces are off): it ends with the response body.
+    pub span: Option<tracing::Span>,
 }
 
 /// Counts the bytes a client received and writes the request's log line exactly once: when the
@@ -72,6 +74,7 @@ impl LoggedBody {
         };
         let elapsed = self.started.elapsed();
         emit_log_line(&log, elapsed, self.bytes_out, end);
+        record_span(&log);
         if let Some(metrics) = &log.metrics {
             let summarizer = log
                 .compaction
@@ -125,6 +128,31 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
             messages_dropped = c.messages_dropped, precompute = c.precompute_started,
             "request"
         ),
+    }
+}
+
+/// What the log line says, on the request's span too.
+fn record_span(log: &RequestLog) {
+    let Some(span) = &log.span else {
+        return;
+    };
+    span.record("http.response.status_code", log.status);
+    if let Some(upstream) = &log.upstream {
+        span.record("gen_ai.provider.name", upstream.as_ref());
+    }
+    if log.route.is_generation() {
+        let model = log.model_label.as_deref().unwrap_or("other");
+        span.record("gen_ai.operation.name", "chat");
+        span.record("gen_ai.request.model", model);
+        span.record("otel.name", format!("chat {model}"));
+    }
+    if let Some(c) = &log.compaction {
+        span.record("compactor.compaction", c.label());
+        span.record("compactor.reason", c.reason);
+        if let Some((before, after)) = c.token_counts() {
+            span.record("compactor.tokens_before", before);
+            span.record("compactor.tokens_after", after);
+        }
     }
 }
 

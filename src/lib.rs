@@ -22,5 +22,6 @@ pub mod operate;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod telemetry;
 pub mod upstream;
 pub mod usage;

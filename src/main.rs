@@ -71,12 +71,25 @@ fn main() -> ExitCode {
         print!("{}", config.redacted_yaml());
         return ExitCode::SUCCESS;
     }
-    let (_log_writer, dropped_lines) = init_logging(cli.log_format);
+    let traces = match compactor::telemetry::init(&config.telemetry) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("compactor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (traces, tracer) = match traces {
+        Some((guard, tracer)) => (Some(guard), Some(tracer)),
+        None => (None, None),
+    };
+    let (_log_writer, dropped_lines) = init_logging(cli.log_format, tracer);
     server::install_crypto_provider();
     let code = match config.runtime.mode {
         RuntimeMode::PerCore => run_per_core(config, &cli.config, loaded),
         RuntimeMode::Shared => run_shared(config, &cli.config, loaded),
     };
+    // The last spans are flushed before the exit.
+    drop(traces);
     let dropped = dropped_lines.dropped_lines();
     if dropped > 0 {
         eprintln!("compactor: {dropped} log lines were dropped because stderr could not keep up");
@@ -245,7 +258,12 @@ fn start_up(app: &App, addr: Option<std::net::SocketAddr>, workers: usize) -> Co
 
 /// Logs go through a bounded, non-blocking writer: a slow stderr drops (and counts) lines
 /// instead of stalling the thread that serves requests.
-fn init_logging(format: LogFormat) -> (WorkerGuard, ErrorCounter) {
+fn init_logging(
+    format: LogFormat,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) -> (WorkerGuard, ErrorCounter) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(LOG_BUFFER_LINES)
@@ -254,13 +272,14 @@ fn init_logging(format: LogFormat) -> (WorkerGuard, ErrorCounter) {
     let dropped = writer.error_counter();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let spans = tracer.map(|tracer| tracing_opentelemetry::layer().with_tracer(tracer));
+    let lines = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
+    let registry = tracing_subscriber::registry().with(filter).with(spans);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => registry.with(lines).init(),
+        LogFormat::Json => registry.with(lines.json().flatten_event(true)).init(),
     }
     (guard, dropped)
 }

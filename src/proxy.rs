@@ -12,6 +12,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
+use tracing::Instrument;
 
 use crate::access_log::{LoggedBody, RequestLog};
 use crate::app::{App, Current};
@@ -28,6 +29,7 @@ use crate::headers::{strip_hop_by_hop, strip_own, CREDENTIALS};
 use crate::inbound::{read_whole, BodyFault, BufferBudget, GuardedBody, ReadError};
 use crate::metrics::{Metrics, Route};
 use crate::routing::{api_of, forwarded_path, model_hint, model_of};
+use crate::telemetry;
 use crate::upstream::Upstream;
 
 /// The hyper service: never fails; every error becomes an OpenAI-shaped response (an
@@ -40,13 +42,18 @@ pub async fn handle(
     let current = app.current();
     let config = &current.generation.config;
     let shape = ErrorShape::for_path(forwarded_path(&config.prefix, request.uri().path()));
+    let span = telemetry::request_span(request.method(), request.uri().path(), request.headers());
     let mut log = RequestLog {
         method: request.method().clone(),
         uri: request.uri().clone(),
         metrics: app.metrics().enabled().then(|| app.metrics_handle()),
+        span: (!span.is_none()).then(|| span.clone()),
         ..RequestLog::default()
     };
-    let response = match proxy(&app, &current, request, &mut log).await {
+    let proxied = proxy(&app, &current, request, &mut log)
+        .instrument(span)
+        .await;
+    let response = match proxied {
         Ok(response) => response,
         Err(error) => {
             log.error = Some(error.code());
@@ -254,6 +261,7 @@ impl Target<'_> {
         if let Some(result) = compacted.filter(|c| c.rewritten) {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(result.body.len()));
         }
+        telemetry::inject(&mut headers);
         let request =
             self.upstream
                 .prepare_request(self.method.clone(), self.uri.clone(), headers, body);

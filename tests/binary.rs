@@ -425,3 +425,98 @@ async fn the_log_and_the_metrics_carry_no_secret_and_no_message_content() {
         }
     }
 }
+
+#[tokio::test]
+async fn traces_go_to_the_collector_with_the_summarizer_as_a_child_and_traceparent_upstream() {
+    let upstream = echo_mock().await;
+    let summarizer = mock(MockOptions {
+        mode: mock_upstream::MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let collector = mock(MockOptions::default()).await;
+    let config = reloadable_config(&upstream.base_url(), &summarizer.base_url(), "key", 200)
+        + &format!("telemetry:\n  otlp_endpoint: http://{}\n", collector.addr);
+    let file = write_config(&config);
+    let (mut child, addr, _lines) = start(file.path()).await;
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let parent = format!("00-{trace}-b7ad6b7169203331-01");
+    let url = format!("http://{addr}/v1/chat/completions");
+    let response = roundtrip(
+        &client(),
+        json_request(&url, long_chat(), &[("traceparent", &parent)]),
+    )
+    .await;
+    assert_eq!(response.headers["x-compactor-compaction"], "summarized");
+    for (mock, what) in [(&upstream, "upstream"), (&summarizer, "summarizer")] {
+        let sent = mock.last_request().unwrap().headers["traceparent"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(sent.starts_with(&format!("00-{trace}-")), "{what}: {sent}");
+        assert!(
+            !sent.contains("b7ad6b7169203331"),
+            "{what}: a span of compactor's"
+        );
+    }
+
+    // Queued spans are flushed at exit.
+    let pid = child.id().expect("pid").to_string();
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    tokio::time::timeout(BOUND, child.wait())
+        .await
+        .expect("exits")
+        .expect("wait");
+    let exported: Vec<serde_json::Value> = collector
+        .requests()
+        .into_iter()
+        .filter(|r| r.path_and_query == "/v1/traces")
+        .map(|r| r.json())
+        .collect();
+    assert!(!exported.is_empty(), "spans were exported");
+    let spans: Vec<serde_json::Value> = exported
+        .iter()
+        .flat_map(|batch| {
+            batch["resourceSpans"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .flat_map(|r| r["scopeSpans"].as_array().cloned().unwrap_or_default())
+        .flat_map(|s| s["spans"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let attribute = |span: &serde_json::Value, key: &str| {
+        span["attributes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["key"] == key)
+            .map(|a| a["value"].clone())
+    };
+    let request = spans
+        .iter()
+        .find(|s| attribute(s, "http.request.method").is_some())
+        .expect("the request span");
+    assert_eq!(request["traceId"], trace);
+    assert_eq!(request["parentSpanId"], "b7ad6b7169203331");
+    assert_eq!(
+        attribute(request, "compactor.compaction").unwrap()["stringValue"],
+        "summarized"
+    );
+    let summarize = spans
+        .iter()
+        .find(|s| {
+            attribute(s, "gen_ai.request.model")
+                .is_some_and(|m| m["stringValue"] == "summarizer-model")
+        })
+        .expect("the summarizer span");
+    assert_eq!(summarize["traceId"], trace);
+    assert_eq!(summarize["parentSpanId"], request["spanId"]);
+    assert_eq!(summarize["name"], "chat summarizer-model");
+    let resource = &exported[0]["resourceSpans"][0]["resource"];
+    assert!(resource.to_string().contains("\"compactor\""), "{resource}");
+}

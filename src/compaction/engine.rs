@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, AUTHORIZATION};
 use http::StatusCode;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::budget::SummarizerBudget;
 use super::cache::CacheKey;
@@ -501,6 +502,12 @@ impl CompactionEngine {
         let tenant = job.tenant;
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(config.timeout_secs) * chunks.len().max(1) as u32;
+        let span = crate::telemetry::summarizer_span(
+            &request.upstream,
+            &request.model,
+            request.max_tokens,
+            chunks.len(),
+        );
         let (shared, started) = self
             .inner
             .flights
@@ -543,6 +550,7 @@ impl CompactionEngine {
                         .record(&ticket, !summarizer_failed, Instant::now());
                     result
                 }
+                .instrument(span)
             })
             .await;
         if !started {

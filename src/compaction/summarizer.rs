@@ -163,9 +163,10 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
     for (name, value) in upstream.extra_headers() {
         builder = builder.header(name, value.clone());
     }
-    let http_request = builder
+    let mut http_request = builder
         .body(body::full(Bytes::from(payload.to_string())))
         .map_err(|e| SummaryError::Transport(e.to_string()))?;
+    crate::telemetry::inject(http_request.headers_mut());
     let response = upstream
         .client
         .request(http_request)
