@@ -42,6 +42,14 @@ struct Cli {
 enum Command {
     /// Validate the configuration and print it, secrets redacted.
     Check,
+    /// Exit 0 when the running proxy answers `/healthz` (for container health checks, where
+    /// there may be no curl).
+    Health {
+        /// The URL to ask; by default `/healthz` on the configured `listen` (an unspecified
+        /// address asked on loopback).
+        #[arg(long)]
+        url: Option<String>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -52,6 +60,9 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Health { url }) = &cli.command {
+        return health(url.clone(), &cli.config);
+    }
     let loaded = operate::fingerprint(&cli.config);
     let config = match Config::load(&cli.config) {
         Ok(config) => config,
@@ -254,6 +265,36 @@ fn start_up(app: &App, addr: Option<std::net::SocketAddr>, workers: usize) -> Co
         server::announce("compactor", addr);
     }
     ConnectionSlots::new(cap)
+}
+
+/// `compactor health`: one GET, within a few seconds, answered 200.
+fn health(url: Option<String>, config: &std::path::Path) -> ExitCode {
+    let url = url.unwrap_or_else(|| {
+        let listen = Config::load(config)
+            .map(|c| c.listen)
+            .unwrap_or_else(|_| "127.0.0.1:8080".into());
+        let listen = listen
+            .replace("0.0.0.0:", "127.0.0.1:")
+            .replace("[::]:", "[::1]:");
+        format!("http://{listen}/healthz")
+    });
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("compactor health: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(operate::probe(&url, std::time::Duration::from_secs(3))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("compactor health: {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Logs go through a bounded, non-blocking writer: a slow stderr drops (and counts) lines

@@ -141,3 +141,24 @@ pub async fn serve_admin(listener: TcpListener, app: Arc<App>, shutdown: impl Fu
         }
     }
 }
+
+/// One GET of `url` (plain HTTP), answered 200 within `within`.
+pub async fn probe(url: &str, within: Duration) -> Result<(), String> {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let asked = async {
+        let response = client.get(uri).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let _ = response.into_body().collect().await;
+        if status == http::StatusCode::OK {
+            Ok(())
+        } else {
+            Err(format!("answered {status}"))
+        }
+    };
+    tokio::time::timeout(within, asked)
+        .await
+        .map_err(|_| format!("no answer within {within:?}"))?
+}

@@ -520,3 +520,30 @@ async fn traces_go_to_the_collector_with_the_summarizer_as_a_child_and_tracepare
     let resource = &exported[0]["resourceSpans"][0]["resource"];
     assert!(resource.to_string().contains("\"compactor\""), "{resource}");
 }
+
+#[tokio::test]
+async fn the_health_subcommand_answers_for_a_running_proxy_and_fails_without_one() {
+    let upstream = echo_mock().await;
+    let file = write_config(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n",
+        upstream.base_url()
+    ));
+    let (mut child, addr, _lines) = start(file.path()).await;
+    let health = |url: String| async move {
+        Command::new(BIN)
+            .args(["health", "--url", &url])
+            .output()
+            .await
+            .expect("compactor health runs")
+    };
+    let up = health(format!("http://{addr}/healthz")).await;
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let dead = dead_address().await;
+    let down = health(format!("http://{dead}/healthz")).await;
+    assert_eq!(down.status.code(), Some(1));
+    let _ = child.kill().await;
+}

@@ -696,6 +696,12 @@ impl Config {
         if let Some(listen) = self.admin.listen.as_mut() {
             expand("admin.listen".into(), listen);
         }
+        // `${VAR:-}` left empty means "not set", so one file serves with and without them.
+        for optional in [&mut self.telemetry.otlp_endpoint, &mut self.admin.listen] {
+            if optional.as_deref() == Some("") {
+                *optional = None;
+            }
+        }
         let s = &mut self.summarization;
         if let Some(model) = s.model_name.as_mut() {
             expand("summarization.model_name".into(), model);
