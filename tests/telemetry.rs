@@ -257,3 +257,45 @@ async fn metrics_move_to_the_admin_listener_and_can_be_switched_off() {
     .await;
     assert_eq!(response.status, 404);
 }
+
+#[tokio::test]
+async fn every_metric_the_dashboard_queries_is_exported() {
+    let stack = stack_with(
+        "  trigger: [{type: tokens, value: 400}]\n  keep: {type: messages, value: 2}\n",
+        MockOptions::default(),
+    )
+    .await;
+    send_chat(&stack.proxy, &conversation("d", 6), &[]).await;
+    let text = metrics_text(&stack.proxy.url("/metrics")).await;
+    let dashboard: Json = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/grafana-dashboard.json"
+        ))
+        .expect("the dashboard"),
+    )
+    .expect("JSON");
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let expr = panel["targets"][0]["expr"].as_str().expect("a query");
+        let names = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("compactor_") || word.starts_with("gen_ai_"))
+            .filter(|word| {
+                !word.starts_with("gen_ai_token_type") && !word.starts_with("gen_ai_request_model")
+            });
+        for name in names {
+            // A family is declared (`# TYPE`) before its first sample exists.
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(name);
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "the dashboard queries {name}, which /metrics does not declare"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 16, "{checked}");
+}

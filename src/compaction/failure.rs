@@ -26,6 +26,21 @@ pub enum CompactionFailure {
 }
 
 impl CompactionFailure {
+    /// Every label [`Self::label`] can return, so metrics can start each at zero.
+    pub const LABELS: [&'static str; 11] = [
+        "summarizer_no_upstream",
+        "summarizer_unreachable",
+        "summarizer_http_error",
+        "summarizer_timeout",
+        "summarizer_blank",
+        "summary_not_smaller",
+        "rewrite_invalid",
+        "budget",
+        "circuit_open",
+        "internal_error",
+        "context_too_large",
+    ];
+
     /// A low-cardinality label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {
@@ -41,6 +56,39 @@ impl CompactionFailure {
             CompactionFailure::Refused(Refusal::CircuitOpen) => "circuit_open",
             CompactionFailure::Internal => "internal_error",
             CompactionFailure::ContextTooLarge { .. } => "context_too_large",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_label_is_listed() {
+        let failures = [
+            CompactionFailure::Summarizer(SummaryError::NoUpstream("x".into())),
+            CompactionFailure::Summarizer(SummaryError::Transport("x".into())),
+            CompactionFailure::Summarizer(SummaryError::Status(500)),
+            CompactionFailure::Summarizer(SummaryError::Timeout(Duration::ZERO)),
+            CompactionFailure::Summarizer(SummaryError::Blank),
+            CompactionFailure::NotSmaller,
+            CompactionFailure::RewriteInvalid,
+            CompactionFailure::Refused(Refusal::Budget),
+            CompactionFailure::TooManyCalls { calls: 1, cap: 1 },
+            CompactionFailure::Refused(Refusal::CircuitOpen),
+            CompactionFailure::Internal,
+            CompactionFailure::ContextTooLarge {
+                tokens: 1,
+                window: 1,
+            },
+        ];
+        for failure in failures {
+            assert!(
+                CompactionFailure::LABELS.contains(&failure.label()),
+                "{failure:?}"
+            );
         }
     }
 }
