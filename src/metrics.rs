@@ -320,19 +320,19 @@ impl Metrics {
         );
         // Label sets known in advance start at zero, so `rate()` sees them before they move.
         for result in ["ok", "error"] {
-            summarizer_calls.get_or_create(&ResultLabels { result });
+            let _ = summarizer_calls.get_or_create(&ResultLabels { result });
         }
         for result in ["hit", "miss"] {
-            cache_lookups.get_or_create(&ResultLabels { result });
+            let _ = cache_lookups.get_or_create(&ResultLabels { result });
         }
         for result in ["ok", "failed", "unchanged"] {
-            reactive_retries.get_or_create(&ResultLabels { result });
+            let _ = reactive_retries.get_or_create(&ResultLabels { result });
         }
         for result in ["ok", "refused"] {
-            reloads.get_or_create(&ResultLabels { result });
+            let _ = reloads.get_or_create(&ResultLabels { result });
         }
         for reason in crate::compaction::failure::CompactionFailure::LABELS {
-            summarizer_failures.get_or_create(&ReasonLabels { reason });
+            let _ = summarizer_failures.get_or_create(&ReasonLabels { reason });
         }
         Metrics {
             enabled: AtomicBool::new(enabled),
