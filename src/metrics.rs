@@ -167,6 +167,11 @@ pub struct Metrics {
     reactive_retries: Family<ResultLabels, Counter>,
     precomputes: Counter,
     reloads: Family<ResultLabels, Counter>,
+    redis_up: Gauge,
+    redis_commands: Family<ResultLabels, Counter>,
+    remote_lookups: Family<ResultLabels, Counter>,
+    leases: Family<ResultLabels, Counter>,
+    lease_waiting: Gauge,
 }
 
 impl Default for Metrics {
@@ -318,6 +323,36 @@ impl Metrics {
             "Configuration reloads (result: ok or refused)",
             reloads.clone(),
         );
+        let redis_up = Gauge::default();
+        registry.register(
+            "compactor_redis_up",
+            "Whether the shared summary cache (Redis) is being used: 0 while its breaker is open",
+            redis_up.clone(),
+        );
+        let redis_commands = Family::default();
+        registry.register(
+            "compactor_redis_commands",
+            "Commands sent to Redis (result: ok or error, a timeout included)",
+            redis_commands.clone(),
+        );
+        let remote_lookups = Family::default();
+        registry.register(
+            "compactor_summary_cache_remote_lookups",
+            "Lookups in Redis of summaries the local cache did not have (result: hit or miss)",
+            remote_lookups.clone(),
+        );
+        let leases = Family::default();
+        registry.register(
+            "compactor_redis_leases",
+            "Summaries asked for through Redis (result: made here, made by another replica, taken over from a replica that died, waited past the timeout)",
+            leases.clone(),
+        );
+        let lease_waiting = Gauge::default();
+        registry.register(
+            "compactor_redis_lease_waiting",
+            "Requests waiting now for a summary another replica is making",
+            lease_waiting.clone(),
+        );
         // Label sets known in advance start at zero, so `rate()` sees them before they move.
         for result in ["ok", "error"] {
             let _ = summarizer_calls.get_or_create(&ResultLabels { result });
@@ -331,8 +366,14 @@ impl Metrics {
         for result in ["ok", "refused"] {
             let _ = reloads.get_or_create(&ResultLabels { result });
         }
-        for reason in crate::compaction::failure::CompactionFailure::LABELS {
-            let _ = summarizer_failures.get_or_create(&ReasonLabels { reason });
+        for result in ["ok", "error"] {
+            let _ = redis_commands.get_or_create(&ResultLabels { result });
+        }
+        for result in ["hit", "miss"] {
+            let _ = remote_lookups.get_or_create(&ResultLabels { result });
+        }
+        for result in ["made", "joined", "taken_over", "timeout"] {
+            let _ = leases.get_or_create(&ResultLabels { result });
         }
         Metrics {
             enabled: AtomicBool::new(enabled),
@@ -361,6 +402,11 @@ impl Metrics {
             reactive_retries,
             precomputes,
             reloads,
+            redis_up,
+            redis_commands,
+            remote_lookups,
+            leases,
+            lease_waiting,
         }
     }
 
@@ -481,6 +527,15 @@ impl Metrics {
         self.summarizer_duration.observe(took.as_secs_f64());
     }
 
+    /// Starts each of these failure reasons at zero.
+    pub fn known_failures(&self, reasons: &[&'static str]) {
+        for &reason in reasons {
+            let _ = self
+                .summarizer_failures
+                .get_or_create(&ReasonLabels { reason });
+        }
+    }
+
     /// A summary could not be had (`reason` is the failure's label).
     pub fn summary_failed(&self, reason: &'static str) {
         if self.enabled() {
@@ -503,6 +558,38 @@ impl Metrics {
             self.reactive_retries
                 .get_or_create(&ResultLabels { result })
                 .inc();
+        }
+    }
+
+    pub fn redis_up(&self, up: bool) {
+        self.redis_up.set(i64::from(up));
+    }
+
+    pub fn redis_command(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.redis_commands
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn remote_lookup(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.remote_lookups
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// How a summary asked for through Redis was had: `made`, `joined`, `taken_over`, `timeout`.
+    pub fn lease(&self, result: &'static str) {
+        self.leases.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// A request starts (`true`) or stops waiting on another replica's summary.
+    pub fn lease_waiting(&self, waiting: bool) {
+        if waiting {
+            self.lease_waiting.inc();
+        } else {
+            self.lease_waiting.dec();
         }
     }
 

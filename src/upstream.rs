@@ -23,7 +23,7 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 pub struct Upstream {
     pub name: String,
     /// The name as a metrics label (and the log's upstream field): a reference count to copy.
-    pub label: crate::metrics::Name,
+    pub label: Arc<str>,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     /// The base URL's path without a trailing slash, e.g. `/v1`.

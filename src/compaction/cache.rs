@@ -92,14 +92,21 @@ impl SummaryCache {
 /// when the planner actually looks, so requests under the trigger never pay for it.
 pub struct ScopedLookup<'c> {
     cache: &'c SummaryCache,
+    /// Summaries fetched from a shared tier for this request, looked at before the cache.
+    fetched: &'c [(CacheKey, CachedSummary)],
     make_scope: Box<dyn Fn() -> Scope + 'c>,
     scope: Option<Scope>,
 }
 
 impl<'c> ScopedLookup<'c> {
-    pub fn new(cache: &'c SummaryCache, make_scope: impl Fn() -> Scope + 'c) -> Self {
+    pub fn new(
+        cache: &'c SummaryCache,
+        fetched: &'c [(CacheKey, CachedSummary)],
+        make_scope: impl Fn() -> Scope + 'c,
+    ) -> Self {
         ScopedLookup {
             cache,
+            fetched,
             make_scope: Box::new(make_scope),
             scope: None,
         }
@@ -116,7 +123,11 @@ impl SummaryLookup for ScopedLookup<'_> {
     }
 
     fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-        self.cache.get(prefix).map(|summary| (*summary).clone())
+        self.fetched
+            .iter()
+            .find(|(key, _)| key == prefix)
+            .map(|(_, summary)| summary.clone())
+            .or_else(|| self.cache.get(prefix).map(|summary| (*summary).clone()))
     }
 
     fn made_ahead(&mut self, prefix: &Digest) -> bool {

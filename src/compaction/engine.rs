@@ -20,15 +20,17 @@ use super::failure::CompactionFailure;
 use super::offload::{CpuPool, Offloaded};
 use super::plan::CachedSummary;
 use super::prepare::{Ask, Job, Next, Planner, Prepared, Reactive};
+use super::redis_tier::{Lease, LeaseGuard, RedisTier, Stored};
 use super::rewrite::summary_message;
 use super::scope::{Caller, Credentials};
 use super::single_flight::SingleFlight;
 use super::size_bound::provably_under;
+use super::structure::Split;
 use super::summarizer::{HttpSummarizer, Summarizer, SummaryError, SummaryRequest};
 use super::summary_input;
 use super::tokens::TokenModel;
 use super::{CacheUse, Outcome, OutcomeKind};
-use crate::config::{Config, FailMode, NoticeMode, SummarizationConfig};
+use crate::config::{CacheBackend, Config, FailMode, NoticeMode, SummarizationConfig};
 use crate::headers;
 use crate::metrics::Metrics;
 use crate::notice::Notice;
@@ -45,6 +47,8 @@ type Shared = Result<Arc<CachedSummary>, CompactionFailure>;
 struct Inner {
     planner: Planner,
     metrics: Arc<Metrics>,
+    /// The replicas' shared tier (`cache.backend: redis`).
+    tier: Option<RedisTier>,
     flights: SingleFlight<Shared>,
     budget: SummarizerBudget,
     summarizer: Arc<dyn Summarizer>,
@@ -140,9 +144,29 @@ impl CompactionEngine {
         metrics: Arc<Metrics>,
         previous: Option<&CompactionEngine>,
     ) -> CompactionEngine {
+        metrics.known_failures(&CompactionFailure::LABELS);
+        let tier = match config.cache.backend {
+            CacheBackend::Memory => None,
+            CacheBackend::Redis => {
+                let kept = previous
+                    .and_then(|p| p.inner.tier.clone())
+                    .filter(|tier| tier.made_with(&config.cache.redis));
+                match kept {
+                    Some(tier) => Some(tier),
+                    None => match RedisTier::new(&config.cache.redis, metrics.clone()) {
+                        Ok(tier) => Some(tier),
+                        Err(e) => {
+                            tracing::error!("the shared summary cache is off: {e}");
+                            None
+                        }
+                    },
+                }
+            }
+        };
         CompactionEngine {
             inner: Arc::new(Inner {
                 planner: Planner::new(config, previous.map(|p| &p.inner.planner)),
+                tier,
                 metrics,
                 flights: SingleFlight::default(),
                 budget: SummarizerBudget::new(&config.summarization),
@@ -245,8 +269,30 @@ impl CompactionEngine {
             force: control == Control::Force,
             api,
             reactive,
+            fetched: &[],
         };
-        let (result, window) = match self.prepare(&body, ask).await {
+        let mut prepared = self.prepare(&body, &ask).await;
+        // Before a summary is paid for, the replicas' shared tier may already hold one this
+        // conversation can use: plan again with it.
+        if let (Offloaded::Done(Prepared::Summarize(job)), Some(tier)) =
+            (&prepared, self.inner.remote())
+        {
+            if !job.remote_keys.is_empty() {
+                let fetched = tier.get_many(&job.remote_keys).await;
+                self.inner.metrics.remote_lookup(!fetched.is_empty());
+                if !fetched.is_empty() {
+                    for (key, summary) in &fetched {
+                        planner.cache.insert(*key, Arc::new(summary.clone()));
+                    }
+                    let again = Ask {
+                        fetched: &fetched,
+                        ..ask
+                    };
+                    prepared = self.prepare(&body, &again).await;
+                }
+            }
+        }
+        let (result, window) = match prepared {
             Offloaded::Done(Prepared::Forward { outcome, next }) => {
                 let window = self.start_ahead(next, headers);
                 (Ok(Compacted::original(body, outcome)), window)
@@ -290,7 +336,7 @@ impl CompactionEngine {
     }
 
     /// The CPU part, off the reactor for large bodies.
-    async fn prepare(&self, body: &Bytes, ask: Ask<'_>) -> Offloaded<Prepared> {
+    async fn prepare(&self, body: &Bytes, ask: &Ask<'_>) -> Offloaded<Prepared> {
         let inner = self.inner.clone();
         let body = body.clone();
         let credentials = match ask.credentials {
@@ -298,6 +344,7 @@ impl CompactionEngine {
             Credentials::Headers(values) => Credentials::Headers(values.clone()),
         };
         let upstream = ask.upstream.to_string();
+        let fetched = ask.fetched.to_vec();
         let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
         self.inner
             .pool
@@ -308,6 +355,7 @@ impl CompactionEngine {
                     force,
                     api,
                     reactive,
+                    fetched: &fetched,
                 };
                 inner.planner.prepare(&body, &ask)
             })
@@ -512,13 +560,37 @@ impl CompactionEngine {
             .inner
             .flights
             .join(flight, move || {
-                // Admitted when the run starts: requests that join it cost nothing more.
-                let ticket = inner
-                    .budget
-                    .admit(tenant, chunks.len() as u64, Instant::now());
                 async move {
-                    let ticket = ticket?;
                     let planner = &inner.planner;
+                    let layout = (cut, excluded, splits);
+                    // Across replicas: the summary another one made, or is making, first.
+                    let lease = match inner.remote() {
+                        None => None,
+                        Some(tier) => match inner
+                            .remote_flight(tier, &key, &flight, &layout, bound)
+                            .await
+                        {
+                            Remote::Made(summary) => {
+                                let summary = Arc::new(summary);
+                                planner.cache.insert(key, summary.clone());
+                                return Ok(summary);
+                            }
+                            Remote::TooLarge => {
+                                planner.cache.remember_too_large(flight);
+                                return Err(CompactionFailure::NotSmaller);
+                            }
+                            Remote::TimedOut => {
+                                return Err(CompactionFailure::Summarizer(SummaryError::Timeout(
+                                    bound,
+                                )))
+                            }
+                            Remote::Make(lease) => lease,
+                        },
+                    };
+                    let (cut, excluded, splits) = layout;
+                    let ticket = inner
+                        .budget
+                        .admit(tenant, chunks.len() as u64, Instant::now())?;
                     let made = async {
                         let text = inner.fold_chunks(&request, previous, &chunks).await?;
                         let tokens = summary_tokens(&text, &planner.config, &token_model);
@@ -548,6 +620,18 @@ impl CompactionEngine {
                     inner
                         .budget
                         .record(&ticket, !summarizer_failed, Instant::now());
+                    if let Some(tier) = inner.remote() {
+                        match &result {
+                            Ok(summary) => tier.put(&key, summary).await,
+                            Err(CompactionFailure::NotSmaller) => {
+                                tier.mark_too_large(&flight).await
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    if let Some(lease) = lease {
+                        lease.release().await;
+                    }
                     result
                 }
                 .instrument(span)
@@ -583,7 +667,92 @@ impl CompactionEngine {
     }
 }
 
+/// What the replicas' shared tier says about a summary this replica needs.
+enum Remote {
+    /// Another replica made it (or had made it before).
+    Made(CachedSummary),
+    /// Another replica found it not smaller than what it replaces.
+    TooLarge,
+    /// Make it here, holding the lease when Redis gave one.
+    Make(Option<LeaseGuard>),
+    /// Another replica was making it for longer than a run may take.
+    TimedOut,
+}
+
+/// Counts a request among those waiting on another replica's summary while it exists.
+struct WaitGauge(Arc<Metrics>);
+
+impl WaitGauge {
+    fn new(metrics: Arc<Metrics>) -> WaitGauge {
+        metrics.lease_waiting(true);
+        WaitGauge(metrics)
+    }
+}
+
+impl Drop for WaitGauge {
+    fn drop(&mut self) {
+        self.0.lease_waiting(false);
+    }
+}
+
+/// Waits for another replica's summary start at this and double up to the cap.
+const FIRST_POLL: Duration = Duration::from_millis(20);
+const MAX_POLL: Duration = Duration::from_millis(250);
+
 impl Inner {
+    /// Asks the shared tier for the summary of one layout, waiting while another replica
+    /// holds its lease; a lease that runs out (its owner died) is taken over.
+    async fn remote_flight(
+        &self,
+        tier: &RedisTier,
+        key: &CacheKey,
+        flight: &CacheKey,
+        layout: &(usize, Vec<usize>, Vec<Split>),
+        bound: Duration,
+    ) -> Remote {
+        let deadline = Instant::now() + bound;
+        let mut poll = FIRST_POLL;
+        let mut waiting: Option<WaitGauge> = None;
+        loop {
+            match tier.stored(key, flight).await {
+                Stored::Summary(summary)
+                    if (summary.cut, &summary.excluded, &summary.splits)
+                        == (layout.0, &layout.1, &layout.2) =>
+                {
+                    waiting.take();
+                    self.metrics.lease("joined");
+                    return Remote::Made(summary);
+                }
+                Stored::TooLarge => return Remote::TooLarge,
+                _ => {}
+            }
+            match tier.lease(flight).await {
+                Lease::Held(guard) => {
+                    let took_over = waiting.take().is_some();
+                    self.metrics
+                        .lease(if took_over { "taken_over" } else { "made" });
+                    return Remote::Make(Some(guard));
+                }
+                Lease::Unavailable => return Remote::Make(None),
+                Lease::Taken => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                waiting.take();
+                self.metrics.lease("timeout");
+                return Remote::TimedOut;
+            }
+            waiting.get_or_insert_with(|| WaitGauge::new(self.metrics.clone()));
+            tokio::time::sleep(poll.min(deadline - now)).await;
+            poll = (poll * 2).min(MAX_POLL);
+        }
+    }
+
+    /// The shared tier, while it is being asked.
+    fn remote(&self) -> Option<&RedisTier> {
+        self.tier.as_ref().filter(|tier| tier.available())
+    }
+
     /// Summarizes the chunks in order, each folded into the next; one chunk is one call.
     async fn fold_chunks(
         &self,

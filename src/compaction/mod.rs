@@ -21,6 +21,7 @@ mod outcome;
 pub mod overflow;
 pub mod plan;
 pub mod prepare;
+pub mod redis_tier;
 pub mod responses;
 pub mod rewrite;
 pub mod scope;

@@ -97,7 +97,7 @@ impl PlanSettings {
 }
 
 /// A summary the cache holds for a prefix of this conversation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CachedSummary {
     /// The summary covers `messages[head..cut]` less `excluded`.
     pub cut: usize,
@@ -190,6 +190,9 @@ pub struct Plan {
     /// With the `truncate` stage, when the request (cleared) reaches the window: the layout
     /// that drops the oldest whole groups until it fits, for when no summary can be had.
     pub truncation: Option<Layout>,
+    /// The prefixes a cached summary may cover (valid cuts after the pinned head), longest
+    /// first, when the cache was consulted: what a shared tier is asked for.
+    pub candidate_cuts: Vec<usize>,
 }
 
 /// Per-request facts every step reads.
@@ -257,6 +260,7 @@ pub fn plan_in(
         tokens_cleared: tokens_before,
         window,
         truncation: None,
+        candidate_cuts: Vec::new(),
     };
     // Threshold first: under every trigger nothing else is computed and the cache is not read.
     let reached = |tokens: u64| match mode {
@@ -281,6 +285,13 @@ pub fn plan_in(
         decision,
         tokens_before,
         cache_consulted: chain.is_some(),
+        candidate_cuts: match chain {
+            Some(_) => (analysis.head + 1..=analysis.max_cut)
+                .rev()
+                .filter(|&c| analysis.valid_cut[c])
+                .collect(),
+            None => Vec::new(),
+        },
         chain,
         cache_hit,
         message_tokens: analysis.tokens,

@@ -94,6 +94,9 @@ pub(super) struct Job {
     /// A summary made ahead of need: what identifies its conversation's base (so one runs per
     /// conversation at a time).
     pub ahead_base: Option<CacheKey>,
+    /// The prefixes a shared tier may hold a summary for (longest first), not in the local
+    /// cache: asked before this summary is paid for.
+    pub remote_keys: Vec<CacheKey>,
 }
 
 impl Job {
@@ -126,12 +129,15 @@ pub struct Reactive {
 }
 
 /// What one request asks of the planner.
+#[derive(Clone, Copy)]
 pub(super) struct Ask<'r> {
     pub credentials: &'r Credentials,
     pub upstream: &'r str,
     pub force: bool,
     pub api: Api,
     pub reactive: Option<Reactive>,
+    /// Summaries a shared tier held for this conversation (planning again after asking it).
+    pub fetched: &'r [(CacheKey, CachedSummary)],
 }
 
 /// A client key's own compaction settings.
@@ -272,7 +278,7 @@ impl Planner {
             upstream,
             reason: ask.reactive.map(|_| "reactive"),
         };
-        let mut lookup = ScopedLookup::new(&self.cache, || Scope {
+        let mut lookup = ScopedLookup::new(&self.cache, ask.fetched, || Scope {
             tenant: ask.credentials.tenant(),
             fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
         });
@@ -570,6 +576,13 @@ impl Planner {
             fallback: None,
             reason: context.reason,
             ahead_base: None,
+            remote_keys: plan
+                .candidate_cuts
+                .iter()
+                .map(|&cut| chain[cut])
+                .filter(|key| self.cache.get(key).is_none())
+                .take(super::redis_tier::MAX_LOOKUP_KEYS)
+                .collect(),
         })
     }
 }

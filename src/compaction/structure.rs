@@ -36,7 +36,7 @@ impl Layout {
 /// An assistant message in `excluded` that stays verbatim only in part: a copy with just these
 /// tool calls (by position) and empty content, as DeerFlow rescues skill reads, so unrelated
 /// calls and their output are summarized instead of kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Split {
     pub message: usize,
     pub calls: Vec<usize>,

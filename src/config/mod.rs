@@ -403,8 +403,45 @@ pub struct SummarizationConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {
-    /// Upper bound of the summary cache, in bytes of summary text.
+    /// Upper bound of the in-process summary cache, in bytes of summary text.
     pub max_bytes: u64,
+    /// `memory`: each replica its own cache; `redis`: the in-process cache in front of a Redis
+    /// (or Valkey) every replica shares.
+    pub backend: CacheBackend,
+    /// The shared tier, with `backend: redis`.
+    pub redis: RedisConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheBackend {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (use `${VAR}`).
+    pub url: Option<Secret>,
+    /// Overrides the URL's user name.
+    pub username: Option<String>,
+    /// Overrides the URL's password.
+    pub password: Option<Secret>,
+    /// Prepended to every key compactor writes.
+    pub key_prefix: String,
+    /// How long a summary stays in Redis.
+    pub ttl_secs: f64,
+    pub connect_timeout_secs: f64,
+    /// A command that takes longer counts as a failure; the request goes on without it.
+    pub command_timeout_secs: f64,
+    /// How long a replica's claim on a summary it is making lasts unless renewed (it is
+    /// renewed while the replica works, so a replica that died is noticed within this).
+    pub lease_secs: f64,
+    /// Consecutive failures that stop compactor asking Redis (the local cache serves alone).
+    pub breaker_failures: u64,
+    /// How long it stops asking before one probe.
+    pub breaker_cooldown_secs: f64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -602,6 +639,25 @@ impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
             max_bytes: 64 * 1024 * 1024,
+            backend: CacheBackend::Memory,
+            redis: RedisConfig::default(),
+        }
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: None,
+            username: None,
+            password: None,
+            key_prefix: "compactor:".into(),
+            ttl_secs: 86_400.0,
+            connect_timeout_secs: 1.0,
+            command_timeout_secs: 0.25,
+            lease_secs: 5.0,
+            breaker_failures: 3,
+            breaker_cooldown_secs: 5.0,
         }
     }
 }
@@ -701,6 +757,16 @@ impl Config {
             if optional.as_deref() == Some("") {
                 *optional = None;
             }
+        }
+        let redis = &mut self.cache.redis;
+        if let Some(url) = redis.url.as_mut() {
+            expand("cache.redis.url".into(), &mut url.0);
+        }
+        if let Some(password) = redis.password.as_mut() {
+            expand("cache.redis.password".into(), &mut password.0);
+        }
+        if let Some(username) = redis.username.as_mut() {
+            expand("cache.redis.username".into(), username);
         }
         let s = &mut self.summarization;
         if let Some(model) = s.model_name.as_mut() {

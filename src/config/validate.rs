@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Config, ConfigError, ContextSize, OneOrMany, Stage};
+use super::{CacheBackend, Config, ConfigError, ContextSize, OneOrMany, Stage};
 
 impl Config {
     /// Every problem, each naming its key.
@@ -285,6 +285,36 @@ impl Config {
         }
         if self.cache.max_bytes == 0 {
             problems.push("cache.max_bytes: must be > 0".into());
+        }
+        self.validate_redis(problems);
+    }
+}
+
+impl Config {
+    fn validate_redis(&self, problems: &mut Vec<String>) {
+        let redis = &self.cache.redis;
+        if self.cache.backend == CacheBackend::Redis {
+            match redis.url.as_ref().map(|url| url.expose()) {
+                None | Some("") => {
+                    problems.push("cache.redis.url: required with cache.backend: redis".into())
+                }
+                Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => {
+                    problems.push("cache.redis.url: must start with redis:// or rediss://".into())
+                }
+                Some(_) => {}
+            }
+        }
+        for (key, value) in [
+            ("ttl_secs", redis.ttl_secs),
+            ("connect_timeout_secs", redis.connect_timeout_secs),
+            ("command_timeout_secs", redis.command_timeout_secs),
+            ("lease_secs", redis.lease_secs),
+            ("breaker_cooldown_secs", redis.breaker_cooldown_secs),
+        ] {
+            positive_secs(&format!("cache.redis.{key}"), value, problems);
+        }
+        if redis.breaker_failures == 0 {
+            problems.push("cache.redis.breaker_failures: must be > 0".into());
         }
     }
 }

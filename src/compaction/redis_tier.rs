@@ -1,0 +1,451 @@
+//! The shared tier of the summary cache (`cache.backend: redis`): Redis or Valkey behind the
+//! in-process cache, so replicas behind one load balancer share their summaries and make each
+//! one once.
+//!
+//! Keys are the same content-addressed digests as in process (scoped by tenant and summarizer
+//! fingerprint), so replicas agree on names without talking to each other:
+//! `{prefix}s:{digest}` a summary, `{prefix}l:{flight}` a replica's lease on the summary it is
+//! making, `{prefix}b:{flight}` a layout whose summary came back not smaller. Values start with
+//! a format byte; anything else under a key (a corrupt or foreign value, an older format) is a
+//! miss, never forwarded.
+//!
+//! Redis must never take compactor down: every command is bounded by `command_timeout_secs`,
+//! consecutive failures open a breaker (the local tier serves alone, summaries are made
+//! locally, a warning says so and `compactor_redis_up` drops to 0) and one probe after the
+//! cooldown closes it again.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, IntoConnectionInfo, Value};
+use tokio::sync::OnceCell;
+
+use super::cache::CacheKey;
+use super::plan::CachedSummary;
+use crate::config::RedisConfig;
+use crate::metrics::Metrics;
+
+/// The format byte of a stored summary: bumped whenever the encoding changes, so a replica of
+/// another version reads a miss rather than a misread.
+const FORMAT: u8 = 1;
+
+/// At most this many prefixes are asked for in one lookup (the longest first).
+pub const MAX_LOOKUP_KEYS: usize = 256;
+
+/// Extends a lease only while this replica still holds it.
+const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+/// Ends a lease only while this replica still holds it.
+const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+/// What a replica gets when it asks to make a summary.
+pub enum Lease {
+    /// This replica makes it; others wait for it. Renewed until released.
+    Held(LeaseGuard),
+    /// Another replica is making it.
+    Taken,
+    /// Redis cannot say: make it locally.
+    Unavailable,
+}
+
+/// What Redis holds for one summary layout.
+pub enum Stored {
+    Summary(CachedSummary),
+    /// Its summary came back not smaller than what it replaces: not worth another call.
+    TooLarge,
+    Nothing,
+}
+
+#[derive(Clone)]
+pub struct RedisTier {
+    inner: Arc<Tier>,
+    /// The settings it was made with: a reload that keeps them keeps the connection.
+    config: RedisConfig,
+}
+
+struct Tier {
+    client: Client,
+    connection: OnceCell<ConnectionManager>,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    prefix: String,
+    ttl: Duration,
+    lease: Duration,
+    /// This process, in lease values.
+    owner: String,
+    breaker: Mutex<Breaker>,
+    breaker_failures: u64,
+    breaker_cooldown: Duration,
+    up: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Breaker {
+    failures: u64,
+    open_until: Option<Instant>,
+}
+
+impl RedisTier {
+    pub fn new(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<RedisTier, String> {
+        let url = config
+            .url
+            .as_ref()
+            .map(|url| url.expose().to_string())
+            .unwrap_or_default();
+        let mut info = url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| format!("cache.redis.url: {e}"))?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &config.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = config.password.as_ref().filter(|p| !p.is_empty()) {
+            settings = settings.set_password(password.expose());
+        }
+        info = info.set_redis_settings(settings);
+        let client = Client::open(info).map_err(|e| format!("cache.redis.url: {e}"))?;
+        metrics.redis_up(true);
+        Ok(RedisTier {
+            config: config.clone(),
+            inner: Arc::new(Tier {
+                client,
+                connection: OnceCell::new(),
+                connect_timeout: Duration::from_secs_f64(config.connect_timeout_secs),
+                command_timeout: Duration::from_secs_f64(config.command_timeout_secs),
+                prefix: config.key_prefix.clone(),
+                ttl: Duration::from_secs_f64(config.ttl_secs),
+                lease: Duration::from_secs_f64(config.lease_secs),
+                owner: owner_id(),
+                breaker: Mutex::default(),
+                breaker_failures: config.breaker_failures,
+                breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_secs),
+                up: AtomicBool::new(true),
+                metrics,
+            }),
+        })
+    }
+
+    /// Whether this tier was made with `config` (secrets compared too).
+    pub fn made_with(&self, config: &RedisConfig) -> bool {
+        let url = |c: &RedisConfig| c.url.as_ref().map(|u| u.expose().to_string());
+        let password = |c: &RedisConfig| c.password.as_ref().map(|p| p.expose().to_string());
+        url(&self.config) == url(config)
+            && password(&self.config) == password(config)
+            && serde_json::to_string(&self.config).ok() == serde_json::to_string(config).ok()
+    }
+
+    /// Whether Redis is being asked (the breaker is closed, or its cooldown is over).
+    pub fn available(&self) -> bool {
+        self.inner.allowed()
+    }
+
+    /// The summaries Redis holds for these prefix digests.
+    pub async fn get_many(&self, keys: &[CacheKey]) -> Vec<(CacheKey, CachedSummary)> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let names: Vec<String> = keys.iter().map(|k| self.inner.key("s", k)).collect();
+        let mut command = redis::cmd("MGET");
+        command.arg(&names);
+        let Some(Value::Array(values)) = self.inner.run(command).await else {
+            return Vec::new();
+        };
+        keys.iter()
+            .zip(values)
+            .filter_map(|(key, value)| decode(&value).map(|summary| (*key, summary)))
+            .collect()
+    }
+
+    /// The summary of one layout (`key`, `flight`), or the mark that its summary is too large.
+    pub async fn stored(&self, key: &CacheKey, flight: &CacheKey) -> Stored {
+        let mut command = redis::cmd("MGET");
+        command
+            .arg(self.inner.key("s", key))
+            .arg(self.inner.key("b", flight));
+        match self.inner.run(command).await {
+            Some(Value::Array(values)) if values.len() == 2 => {
+                if !matches!(values[1], Value::Nil) {
+                    return Stored::TooLarge;
+                }
+                decode(&values[0]).map_or(Stored::Nothing, Stored::Summary)
+            }
+            _ => Stored::Nothing,
+        }
+    }
+
+    pub async fn put(&self, key: &CacheKey, summary: &CachedSummary) {
+        let Ok(json) = serde_json::to_vec(summary) else {
+            return;
+        };
+        let mut value = Vec::with_capacity(json.len() + 1);
+        value.push(FORMAT);
+        value.extend_from_slice(&json);
+        let mut command = redis::cmd("SET");
+        command
+            .arg(self.inner.key("s", key))
+            .arg(value)
+            .arg("PX")
+            .arg(millis(self.inner.ttl));
+        self.inner.run(command).await;
+    }
+
+    pub async fn mark_too_large(&self, flight: &CacheKey) {
+        let mut command = redis::cmd("SET");
+        command
+            .arg(self.inner.key("b", flight))
+            .arg(1)
+            .arg("PX")
+            .arg(millis(self.inner.ttl));
+        self.inner.run(command).await;
+    }
+
+    /// Asks to be the replica that makes the summary of `flight`.
+    pub async fn lease(&self, flight: &CacheKey) -> Lease {
+        let name = self.inner.key("l", flight);
+        let mut command = redis::cmd("SET");
+        command
+            .arg(&name)
+            .arg(&self.inner.owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(self.inner.lease));
+        match self.inner.run(command).await {
+            Some(Value::Okay) => Lease::Held(LeaseGuard::start(self.inner.clone(), name)),
+            Some(Value::Nil) => Lease::Taken,
+            _ => Lease::Unavailable,
+        }
+    }
+}
+
+impl Tier {
+    fn key(&self, kind: &str, digest: &CacheKey) -> String {
+        let mut name = String::with_capacity(self.prefix.len() + 2 + 64);
+        name.push_str(&self.prefix);
+        name.push_str(kind);
+        name.push(':');
+        for byte in digest {
+            name.push_str(&format!("{byte:02x}"));
+        }
+        name
+    }
+
+    fn allowed(&self) -> bool {
+        let breaker = lock(&self.breaker);
+        breaker
+            .open_until
+            .is_none_or(|until| Instant::now() >= until)
+    }
+
+    /// Runs one command within the command timeout; None when Redis did not answer (counted
+    /// towards the breaker) or the breaker is open.
+    async fn run(&self, command: redis::Cmd) -> Option<Value> {
+        if !self.allowed() {
+            return None;
+        }
+        let attempt = async {
+            let connection = self
+                .connection
+                .get_or_try_init(|| async {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.connect_timeout))
+                        .set_response_timeout(Some(self.command_timeout))
+                        .set_number_of_retries(1);
+                    ConnectionManager::new_with_config(self.client.clone(), config).await
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut connection = connection.clone();
+            command
+                .query_async::<Value>(&mut connection)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let bound = self.connect_timeout + self.command_timeout;
+        let result = match tokio::time::timeout(bound, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {bound:?}")),
+        };
+        self.metrics.redis_command(result.is_ok());
+        match result {
+            Ok(Value::ServerError(e)) => {
+                tracing::debug!("redis refused a command: {e:?}");
+                self.record(true);
+                None
+            }
+            Ok(value) => {
+                self.record(true);
+                Some(value)
+            }
+            Err(e) => {
+                self.record(false);
+                tracing::debug!("redis command failed: {e}");
+                None
+            }
+        }
+    }
+
+    fn record(&self, ok: bool) {
+        let mut breaker = lock(&self.breaker);
+        if ok {
+            breaker.failures = 0;
+            breaker.open_until = None;
+            if !self.up.swap(true, Ordering::Relaxed) {
+                tracing::info!("redis answers again: the shared summary cache is back");
+                self.metrics.redis_up(true);
+            }
+            return;
+        }
+        breaker.failures += 1;
+        if breaker.failures >= self.breaker_failures {
+            breaker.open_until = Some(Instant::now() + self.breaker_cooldown);
+            if self.up.swap(false, Ordering::Relaxed) {
+                tracing::warn!(
+                    failures = breaker.failures,
+                    "redis is not answering: the local summary cache serves alone, summaries are made locally"
+                );
+                self.metrics.redis_up(false);
+            }
+        }
+    }
+
+    async fn script(&self, code: &str, key: &str, milliseconds: Option<u64>) -> Option<Value> {
+        let mut command = redis::cmd("EVAL");
+        command.arg(code).arg(1).arg(key).arg(&self.owner);
+        if let Some(ms) = milliseconds {
+            command.arg(ms);
+        }
+        self.run(command).await
+    }
+}
+
+/// A held lease: renewed every third of its time until released, so a replica that dies stops
+/// renewing and its lease runs out.
+pub struct LeaseGuard {
+    tier: Arc<Tier>,
+    name: String,
+    renewing: tokio::task::JoinHandle<()>,
+    released: bool,
+}
+
+impl LeaseGuard {
+    fn start(tier: Arc<Tier>, name: String) -> LeaseGuard {
+        let renewing = {
+            let (tier, name) = (tier.clone(), name.clone());
+            tokio::spawn(async move {
+                let every = tier.lease / 3;
+                loop {
+                    tokio::time::sleep(every).await;
+                    let still = tier.script(RENEW, &name, Some(millis(tier.lease))).await;
+                    if !matches!(still, Some(Value::Int(1))) {
+                        return;
+                    }
+                }
+            })
+        };
+        LeaseGuard {
+            tier,
+            name,
+            renewing,
+            released: false,
+        }
+    }
+
+    pub async fn release(mut self) {
+        self.renewing.abort();
+        self.released = true;
+        self.tier.script(RELEASE, &self.name, None).await;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.renewing.abort();
+        if !self.released {
+            // Dropped without a release (the run was cancelled): let it go in the background.
+            let (tier, name) = (self.tier.clone(), std::mem::take(&mut self.name));
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    tier.script(RELEASE, &name, None).await;
+                });
+            }
+        }
+    }
+}
+
+fn decode(value: &Value) -> Option<CachedSummary> {
+    let Value::BulkString(bytes) = value else {
+        return None;
+    };
+    let (format, json) = bytes.split_first()?;
+    if *format != FORMAT {
+        return None;
+    }
+    let summary: CachedSummary = serde_json::from_slice(json).ok()?;
+    (summary.cut > 0 && !summary.text.trim().is_empty()).then_some(summary)
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis().max(1) as u64
+}
+
+/// A name for this process that no other replica shares: host, pid and start time, hashed.
+fn owner_id() -> String {
+    use sha2::{Digest, Sha256};
+    static STARTED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let sequence = STARTED.fetch_add(1, Ordering::Relaxed);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let digest = Sha256::digest(format!("{host}/{}/{now}/{sequence}", std::process::id()));
+    digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary() -> CachedSummary {
+        CachedSummary {
+            cut: 4,
+            excluded: vec![2],
+            splits: vec![],
+            text: "the summary".into(),
+            tokens: 12,
+        }
+    }
+
+    #[test]
+    fn stored_values_round_trip_and_anything_else_is_a_miss() {
+        let mut value = vec![FORMAT];
+        value.extend(serde_json::to_vec(&summary()).unwrap());
+        assert_eq!(decode(&Value::BulkString(value.clone())), Some(summary()));
+        value[0] = FORMAT + 1;
+        assert_eq!(decode(&Value::BulkString(value)), None, "another format");
+        assert_eq!(decode(&Value::BulkString(b"\x01not json".to_vec())), None);
+        assert_eq!(decode(&Value::BulkString(Vec::new())), None);
+        assert_eq!(decode(&Value::Nil), None);
+        assert_eq!(decode(&Value::Int(3)), None);
+        let blank = CachedSummary {
+            text: " ".into(),
+            ..summary()
+        };
+        let mut value = vec![FORMAT];
+        value.extend(serde_json::to_vec(&blank).unwrap());
+        assert_eq!(
+            decode(&Value::BulkString(value)),
+            None,
+            "nothing to forward"
+        );
+    }
+}
