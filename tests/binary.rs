@@ -9,15 +9,6 @@ use mock_upstream::MockOptions;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_compactor");
-
-fn write_config(text: &str) -> tempfile::NamedTempFile {
-    use std::io::Write;
-    let mut file = tempfile::NamedTempFile::new().expect("temp file");
-    file.write_all(text.as_bytes()).expect("write config");
-    file
-}
-
 /// Runs `compactor check` on a config text, with extra environment variables.
 async fn check(config: &str, env: &[(&str, &str)]) -> std::process::Output {
     let file = write_config(config);
@@ -207,60 +198,6 @@ async fn the_soft_fd_limit_is_raised_so_idle_sockets_cannot_lock_clients_out() {
     let url = format!("http://{addr}/v1/chat/completions");
     let response = roundtrip(&client(), json_request(&url, chat_body("hi", false), &[])).await;
     assert_eq!(response.status, http::StatusCode::OK);
-}
-
-/// The binary, started on `config`, with its address and its stderr lines on a channel.
-async fn start(
-    config: &std::path::Path,
-) -> (
-    tokio::process::Child,
-    String,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("compactor starts");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(BOUND, stdout.next_line())
-        .await
-        .expect("announces in time")
-        .expect("reads stdout")
-        .expect("a line");
-    let addr = line.rsplit("http://").next().expect("address").to_string();
-    let (lines, received) = tokio::sync::mpsc::unbounded_channel();
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = stderr.next_line().await {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (child, addr, received)
-}
-
-/// Waits (bounded) for a stderr line containing `text`; returns it.
-async fn wait_for_line(
-    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    text: &str,
-) -> String {
-    let found = async {
-        while let Some(line) = lines.recv().await {
-            if line.contains(text) {
-                return line;
-            }
-        }
-        panic!("stderr ended before '{text}'");
-    };
-    tokio::time::timeout(BOUND, found)
-        .await
-        .unwrap_or_else(|_| panic!("no '{text}' in time"))
 }
 
 async fn sighup(child: &tokio::process::Child) {

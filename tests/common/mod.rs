@@ -307,3 +307,81 @@ pub async fn stack_with(summarization: &str, summarizer_options: MockOptions) ->
 /// The settings the 200-random-conversations tests run under (chat and Responses alike): low
 /// triggers so most are compacted, skill rescue on, no rate limit in the way.
 pub const RANDOM_RUNS_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 10}, {type: tokens, value: 1500}]\n  keep: {type: messages, value: 5}\n  headroom: 0.75\n  preserve_recent_skill_count: 2\n  max_calls_per_minute_per_tenant: 1000\n";
+
+/// The real `compactor` binary of this build.
+pub const BIN: &str = env!("CARGO_BIN_EXE_compactor");
+
+/// A config file that lives as long as the returned handle.
+pub fn write_config(text: &str) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    file.write_all(text.as_bytes()).expect("write config");
+    file
+}
+
+/// The binary, started on `config`, with its address and its stderr lines on a channel.
+pub async fn start(
+    config: &std::path::Path,
+) -> (
+    tokio::process::Child,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("compactor starts");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(BOUND, stdout.next_line())
+        .await
+        .expect("announces in time")
+        .expect("reads stdout")
+        .expect("a line");
+    let addr = line.rsplit("http://").next().expect("address").to_string();
+    let (lines, received) = tokio::sync::mpsc::unbounded_channel();
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, addr, received)
+}
+
+/// Waits (bounded) for a stderr line containing `text`; returns it.
+pub async fn wait_for_line(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    text: &str,
+) -> String {
+    let found = async {
+        while let Some(line) = lines.recv().await {
+            if line.contains(text) {
+                return line;
+            }
+        }
+        panic!("stderr ended before '{text}'");
+    };
+    tokio::time::timeout(BOUND, found)
+        .await
+        .unwrap_or_else(|_| panic!("no '{text}' in time"))
+}
+
+/// A GET through the plain client.
+pub async fn get(url: &str) -> Collected {
+    roundtrip(
+        &client(),
+        Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .expect("request"),
+    )
+    .await
+}

@@ -1,0 +1,374 @@
+//! Many replicas, one memory: real `compactor` processes sharing a real `redis-server` on
+//! loopback (started on a free port here, stopped after). One summary for a conversation
+//! whichever replicas its turns reach, a replica that dies mid-summary taken over, Redis going
+//! away and coming back without a failed request, tenants kept apart, foreign values ignored.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use mock_upstream::{MockHandle, MockMode, MockOptions};
+use serde_json::{json, Value};
+
+/// A `redis-server` of its own on a free loopback port, killed when dropped.
+struct RedisServer {
+    port: u16,
+    child: Option<tokio::process::Child>,
+}
+
+impl RedisServer {
+    async fn start() -> RedisServer {
+        let port = dead_address().await.port();
+        let mut server = RedisServer { port, child: None };
+        server.run().await;
+        server
+    }
+
+    async fn run(&mut self) {
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed (.ci/run installs it)");
+        self.child = Some(child);
+        let ready = async {
+            loop {
+                if let Ok(mut connection) = self.connection().await {
+                    let pong: redis::RedisResult<String> =
+                        redis::cmd("PING").query_async(&mut connection).await;
+                    if pong.is_ok() {
+                        return;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(BOUND, ready)
+            .await
+            .expect("redis-server answers in time");
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+            let _ = child.wait().await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+}
+
+/// An echoing upstream and a summarizer, both mocks, shared by the replicas.
+struct Upstreams {
+    upstream: MockHandle,
+    summarizer: MockHandle,
+}
+
+async fn upstreams() -> Upstreams {
+    Upstreams {
+        upstream: echo_mock().await,
+        summarizer: mock(MockOptions {
+            mode: MockMode::Summarizer,
+            ..MockOptions::default()
+        })
+        .await,
+    }
+}
+
+/// One replica: the real binary on the shared Redis.
+struct Replica {
+    child: tokio::process::Child,
+    addr: String,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Replica {
+    async fn start(upstreams: &Upstreams, redis: &RedisServer) -> Replica {
+        let config = write_config(&format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 200}}]\n  keep: {{type: messages, value: 2}}\n  max_calls_per_minute_per_tenant: 1000\ncache:\n  backend: redis\n  redis:\n    url: {}\n    key_prefix: \"test:\"\n    lease_secs: 1\n    command_timeout_secs: 0.5\n    connect_timeout_secs: 0.5\n    breaker_failures: 2\n    breaker_cooldown_secs: 0.05\n",
+            upstreams.upstream.base_url(),
+            upstreams.summarizer.base_url(),
+            redis.url()
+        ));
+        let (child, addr, _lines) = start(config.path()).await;
+        Replica {
+            child,
+            addr,
+            _config: config,
+        }
+    }
+
+    async fn chat(&self, messages: &[Value], tenant: &str) -> Collected {
+        let body = json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
+        let url = format!("http://{}/v1/chat/completions", self.addr);
+        let auth = format!("Bearer {tenant}");
+        roundtrip(
+            &client(),
+            json_request(&url, body, &[("authorization", auth.as_str())]),
+        )
+        .await
+    }
+
+    /// One sample of the replica's /metrics (0 when absent).
+    async fn metric(&self, sample: &str) -> f64 {
+        let text = get(&format!("http://{}/metrics", self.addr)).await.text();
+        text.lines()
+            .find(|line| line.starts_with(sample) && line[sample.len()..].starts_with(' '))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits (bounded) until a metric reaches `value`.
+    async fn wait_metric(&self, sample: &str, value: f64) {
+        let reached = async {
+            while self.metric(sample).await != value {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(BOUND, reached)
+            .await
+            .unwrap_or_else(|_| panic!("{sample} never reached {value}"));
+    }
+}
+
+fn conversation(tag: &str, turns: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    for t in 0..turns {
+        messages.push(json!({"role": "user", "content": format!("{tag} question {t}: ") + &"words ".repeat(40)}));
+        messages.push(json!({"role": "assistant", "content": format!("{tag} answer {t}: ") + &"reply ".repeat(40)}));
+    }
+    messages.push(json!({"role": "user", "content": format!("{tag}: go on")}));
+    messages
+}
+
+const WAITING: &str = "compactor_redis_lease_waiting";
+
+#[tokio::test]
+async fn two_replicas_asked_at_once_make_one_summary_and_forward_the_same_bytes() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let (a, b) = (
+        Replica::start(&upstreams, &redis).await,
+        Replica::start(&upstreams, &redis).await,
+    );
+    let messages = conversation("together", 6);
+    upstreams.summarizer.hold();
+    let first = {
+        let (addr, messages) = (a.addr.clone(), messages.clone());
+        tokio::spawn(async move { chat_at(&addr, &messages).await })
+    };
+    assert!(upstreams.summarizer.wait_arrivals(1, BOUND).await);
+    let second = {
+        let (addr, messages) = (b.addr.clone(), messages.clone());
+        tokio::spawn(async move { chat_at(&addr, &messages).await })
+    };
+    // B waits on A's lease rather than calling the summarizer itself.
+    b.wait_metric(WAITING, 1.0).await;
+    upstreams.summarizer.release(10);
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(first.status, 200);
+    assert_eq!(second.status, 200);
+    assert_eq!(upstreams.summarizer.chat_calls(), 1, "one summary for both");
+    let forwarded: Vec<_> = upstreams
+        .upstream
+        .requests()
+        .into_iter()
+        .rev()
+        .take(2)
+        .map(|r| r.body)
+        .collect();
+    assert_eq!(
+        forwarded[0], forwarded[1],
+        "both replicas forwarded the same bytes"
+    );
+    assert_eq!(
+        b.metric("compactor_redis_leases_total{result=\"joined\"}")
+            .await,
+        1.0
+    );
+}
+
+async fn chat_at(addr: &str, messages: &[Value]) -> Collected {
+    let body = json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
+    let url = format!("http://{addr}/v1/chat/completions");
+    roundtrip(&client(), json_request(&url, body, &[])).await
+}
+
+#[tokio::test]
+async fn the_next_turn_on_another_replica_reuses_the_summary_with_no_call() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let (a, b) = (
+        Replica::start(&upstreams, &redis).await,
+        Replica::start(&upstreams, &redis).await,
+    );
+    let mut messages = conversation("turns", 6);
+    let first = a.chat(&messages, "tenant").await;
+    assert_eq!(outcome(&first), "summarized");
+    messages.push(json!({"role": "assistant", "content": "done"}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    let second = b.chat(&messages, "tenant").await;
+    assert_eq!(second.status, 200);
+    assert_eq!(outcome(&second), "reused");
+    assert_eq!(upstreams.summarizer.chat_calls(), 1);
+    assert_eq!(
+        b.metric("compactor_summary_cache_remote_lookups_total{result=\"hit\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_replica_that_dies_mid_summary_is_taken_over_when_its_lease_runs_out() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let (mut a, b) = (
+        Replica::start(&upstreams, &redis).await,
+        Replica::start(&upstreams, &redis).await,
+    );
+    let messages = conversation("orphan", 6);
+    upstreams.summarizer.hold();
+    let doomed = {
+        let (addr, messages) = (a.addr.clone(), messages.clone());
+        tokio::spawn(async move {
+            let body = json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
+            let url = format!("http://{addr}/v1/chat/completions");
+            client().request(json_request(&url, body, &[])).await
+        })
+    };
+    assert!(upstreams.summarizer.wait_arrivals(1, BOUND).await);
+    let survivor = {
+        let (addr, messages) = (b.addr.clone(), messages.clone());
+        tokio::spawn(async move { chat_at(&addr, &messages).await })
+    };
+    b.wait_metric(WAITING, 1.0).await;
+    a.child.start_kill().expect("kill the lease owner");
+    let _ = a.child.wait().await;
+    assert!(
+        doomed.await.unwrap().is_err(),
+        "the dead replica's client saw it die"
+    );
+    // B takes the lease once it runs out and makes the summary itself.
+    assert!(upstreams.summarizer.wait_arrivals(2, BOUND).await);
+    upstreams.summarizer.release(10);
+    let answered = survivor.await.unwrap();
+    assert_eq!(answered.status, 200, "no request lost");
+    assert_eq!(outcome(&answered), "summarized");
+    assert_eq!(
+        b.metric("compactor_redis_leases_total{result=\"taken_over\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn redis_going_away_fails_no_request_and_its_return_is_noticed() {
+    let mut redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let a = Replica::start(&upstreams, &redis).await;
+    assert_eq!(a.metric("compactor_redis_up").await, 1.0);
+    redis.stop().await;
+
+    // Without Redis: summarized locally, and the next turn reuses the local summary.
+    let mut messages = conversation("offline", 6);
+    let first = a.chat(&messages, "tenant").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(outcome(&first), "summarized");
+    a.wait_metric("compactor_redis_up", 0.0).await;
+    messages.push(json!({"role": "assistant", "content": "done"}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    let second = a.chat(&messages, "tenant").await;
+    assert_eq!(outcome(&second), "reused", "made meanwhile, kept locally");
+
+    // Back again: the next request that needs it probes, and the breaker closes.
+    redis.run().await;
+    let back = async {
+        let mut round = 0;
+        while a.metric("compactor_redis_up").await != 1.0 {
+            round += 1;
+            let answer = a
+                .chat(&conversation(&format!("probe{round}"), 6), "tenant")
+                .await;
+            assert_eq!(answer.status, 200);
+        }
+    };
+    tokio::time::timeout(BOUND, back)
+        .await
+        .expect("the shared tier is used again");
+}
+
+#[tokio::test]
+async fn tenants_never_share_a_summary_through_redis() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let (a, b) = (
+        Replica::start(&upstreams, &redis).await,
+        Replica::start(&upstreams, &redis).await,
+    );
+    let messages = conversation("private", 6);
+    assert_eq!(
+        outcome(&a.chat(&messages, "tenant-one").await),
+        "summarized"
+    );
+    assert_eq!(
+        outcome(&b.chat(&messages, "tenant-two").await),
+        "summarized"
+    );
+    assert_eq!(upstreams.summarizer.chat_calls(), 2);
+}
+
+#[tokio::test]
+async fn a_corrupt_or_foreign_value_is_a_miss_and_never_forwarded() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let (a, b) = (
+        Replica::start(&upstreams, &redis).await,
+        Replica::start(&upstreams, &redis).await,
+    );
+    let mut messages = conversation("tampered", 6);
+    assert_eq!(outcome(&a.chat(&messages, "tenant").await), "summarized");
+    let mut connection = redis.connection().await.expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("test:s:*")
+        .query_async(&mut connection)
+        .await
+        .expect("keys");
+    assert!(!keys.is_empty(), "the summary went to redis");
+    for (i, key) in keys.iter().enumerate() {
+        let garbage: &[u8] = if i % 2 == 0 {
+            b"\x01{\"cut\":\"not a number\"}"
+        } else {
+            b"FOREIGN-VALUE-NOT-OURS"
+        };
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(garbage)
+            .query_async(&mut connection)
+            .await
+            .expect("set");
+    }
+    messages.push(json!({"role": "assistant", "content": "done"}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    let second = b.chat(&messages, "tenant").await;
+    assert_eq!(second.status, 200);
+    assert_eq!(outcome(&second), "summarized", "made again, not read");
+    assert_eq!(upstreams.summarizer.chat_calls(), 2);
+    let forwarded = upstreams.upstream.last_request().unwrap().body;
+    let text = String::from_utf8_lossy(&forwarded);
+    assert!(!text.contains("FOREIGN-VALUE") && !text.contains("not a number"));
+    assert!(text.contains("Here is a summary of the conversation to date"));
+}
