@@ -6,7 +6,6 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use common::*;
 use mock_upstream::{MockHandle, MockMode, MockOptions};
