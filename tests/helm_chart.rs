@@ -318,7 +318,8 @@ fn default_values() -> Value {
     yaml(&read(Path::new(CHART).join("values.yaml")))
 }
 
-/// Every template rendered with `values`, each non-empty one parsed as a Kubernetes object.
+/// Every template rendered with `values`, each document parsed as a Kubernetes object, by
+/// kind (and `kind/name` for every object).
 fn render_all(values: Value) -> HashMap<String, Value> {
     let chart = Chart::load(values);
     let mut objects = HashMap::new();
@@ -332,17 +333,25 @@ fn render_all(values: Value) -> HashMap<String, Value> {
             continue;
         }
         let rendered = chart.render_file(&name);
-        if rendered.trim().is_empty() {
-            continue;
-        }
+        // `SHOW_CHART=1 cargo test --test helm_chart -- --nocapture` prints what was rendered.
         if std::env::var("SHOW_CHART").is_ok() {
             eprintln!("--- {name}\n{rendered}");
         }
-        let object = yaml(&rendered);
-        let kind = object["kind"].as_str().expect("a kind").to_string();
-        assert!(object["apiVersion"].is_string(), "{name}");
-        assert_eq!(object["metadata"]["name"], "prod-compactor", "{name}");
-        objects.insert(kind, object);
+        for document in rendered.split("\n---\n") {
+            if document.trim().is_empty() {
+                continue;
+            }
+            let object = yaml(document);
+            let kind = object["kind"].as_str().expect("a kind").to_string();
+            let object_name = object["metadata"]["name"]
+                .as_str()
+                .expect("a name")
+                .to_string();
+            assert!(object["apiVersion"].is_string(), "{name}");
+            assert!(object_name.starts_with("prod-compactor"), "{name}");
+            objects.insert(format!("{kind}/{object_name}"), object.clone());
+            objects.entry(kind).or_insert(object);
+        }
     }
     objects
 }
@@ -350,7 +359,11 @@ fn render_all(values: Value) -> HashMap<String, Value> {
 #[test]
 fn the_chart_renders_a_deployment_with_probes_ports_drain_and_config() {
     let objects = render_all(default_values());
-    let mut kinds: Vec<&str> = objects.keys().map(String::as_str).collect();
+    let mut kinds: Vec<&str> = objects
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.contains('/'))
+        .collect();
     kinds.sort();
     assert_eq!(kinds, ["ConfigMap", "Deployment", "Secret", "Service"]);
 
@@ -447,16 +460,56 @@ fn autoscaling_a_service_monitor_and_an_existing_secret_are_optional() {
 }
 
 #[test]
+fn a_redis_deployed_with_the_chart_is_the_replicas_shared_cache() {
+    let mut values = default_values();
+    values["redis"]["deploy"] = json!(true);
+    let objects = render_all(values);
+    let redis = &objects["Deployment/prod-compactor-redis"];
+    let proxy = &objects["Deployment/prod-compactor"];
+    assert_eq!(redis["spec"]["replicas"], 1);
+    assert_eq!(
+        objects["Service/prod-compactor-redis"]["spec"]["ports"][0]["port"],
+        6379
+    );
+    // The proxy's Service never sends traffic to the Redis pod, nor Redis's to a proxy pod.
+    let proxy_selector = &objects["Service/prod-compactor"]["spec"]["selector"];
+    let redis_labels = &redis["spec"]["template"]["metadata"]["labels"];
+    assert_ne!(
+        proxy_selector["app.kubernetes.io/component"],
+        redis_labels["app.kubernetes.io/component"]
+    );
+    assert_eq!(
+        proxy["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        "proxy"
+    );
+    let proxy_yaml = objects["ConfigMap"]["data"]["proxy.yaml"].as_str().unwrap();
+    let config = compactor::config::Config::from_yaml_with_env(proxy_yaml, &|_| None)
+        .unwrap_or_else(|e| panic!("the chart's config is refused: {e}\n{proxy_yaml}"));
+    assert_eq!(config.cache.backend, compactor::config::CacheBackend::Redis);
+    assert_eq!(
+        config.cache.redis.url.as_ref().map(|u| u.expose()),
+        Some("redis://prod-compactor-redis:6379")
+    );
+    assert!(
+        proxy["spec"]["replicas"].as_u64().unwrap() >= 2,
+        "replicas to share it"
+    );
+}
+
+#[test]
 fn the_compose_file_and_its_config_hold_together() {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
     let compose = yaml(&read(deploy.join("docker-compose.yaml")));
     let services = compose["services"].as_object().expect("services");
-    assert!(services.contains_key("mock") && services.contains_key("summarizer"));
-    let proxy = &services["compactor"];
-    assert!(proxy["volumes"][0]
+    for service in ["mock", "summarizer", "redis", "compactor-1", "compactor-2"] {
+        assert!(services.contains_key(service), "{service}");
+    }
+    let shared = &compose["x-compactor"];
+    assert!(shared["volumes"][0]
         .as_str()
         .unwrap()
         .starts_with("./compose.proxy.yaml:"));
+    let proxy = &services["compactor-2"];
     let env: HashMap<String, String> = proxy["environment"]
         .as_object()
         .unwrap()
@@ -470,6 +523,11 @@ fn the_compose_file_and_its_config_hold_together() {
     .unwrap_or_else(|e| panic!("the compose config is refused: {e}"));
     assert_eq!(config.listen, "0.0.0.0:8080");
     assert_eq!(config.upstreams[0].base_url, "http://mock:9000/v1");
+    assert_eq!(config.cache.backend, compactor::config::CacheBackend::Redis);
+    assert_eq!(
+        config.cache.redis.url.as_ref().map(|u| u.expose()),
+        Some("redis://redis:6379")
+    );
 
     // The image: two stages, a non-root user, the health check the binary answers.
     let dockerfile = read(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"));

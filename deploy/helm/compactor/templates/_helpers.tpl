@@ -7,6 +7,11 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{- define "compactor.proxySelectorLabels" -}}
+{{ include "compactor.selectorLabels" . }}
+app.kubernetes.io/component: proxy
+{{- end }}
+
 {{- define "compactor.labels" -}}
 {{ include "compactor.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
