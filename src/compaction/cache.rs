@@ -94,6 +94,8 @@ pub struct ScopedLookup<'c> {
     cache: &'c SummaryCache,
     /// Summaries fetched from a shared tier for this request, looked at before the cache.
     fetched: &'c [(CacheKey, CachedSummary)],
+    /// Whether to stop and ask the shared tier when nothing is cached here.
+    consult_shared: bool,
     make_scope: Box<dyn Fn() -> Scope + 'c>,
     scope: Option<Scope>,
 }
@@ -102,11 +104,13 @@ impl<'c> ScopedLookup<'c> {
     pub fn new(
         cache: &'c SummaryCache,
         fetched: &'c [(CacheKey, CachedSummary)],
+        consult_shared: bool,
         make_scope: impl Fn() -> Scope + 'c,
     ) -> Self {
         ScopedLookup {
             cache,
             fetched,
+            consult_shared,
             make_scope: Box::new(make_scope),
             scope: None,
         }
@@ -132,6 +136,10 @@ impl SummaryLookup for ScopedLookup<'_> {
 
     fn made_ahead(&mut self, prefix: &Digest) -> bool {
         self.cache.made_ahead.get(prefix).is_some()
+    }
+
+    fn consults_shared_tier(&self) -> bool {
+        self.consult_shared
     }
 }
 

@@ -270,28 +270,10 @@ impl CompactionEngine {
             api,
             reactive,
             fetched: &[],
+            consult_shared: self.inner.remote().is_some(),
         };
-        let mut prepared = self.prepare(&body, &ask).await;
-        // Before a summary is paid for, the replicas' shared tier may already hold one this
-        // conversation can use: plan again with it.
-        if let (Offloaded::Done(Prepared::Summarize(job)), Some(tier)) =
-            (&prepared, self.inner.remote())
-        {
-            if !job.remote_keys.is_empty() {
-                let fetched = tier.get_many(&job.remote_keys).await;
-                self.inner.metrics.remote_lookup(!fetched.is_empty());
-                if !fetched.is_empty() {
-                    for (key, summary) in &fetched {
-                        planner.cache.insert(*key, Arc::new(summary.clone()));
-                    }
-                    let again = Ask {
-                        fetched: &fetched,
-                        ..ask
-                    };
-                    prepared = self.prepare(&body, &again).await;
-                }
-            }
-        }
+        let prepared = self.prepare(&body, &ask).await;
+        let prepared = self.with_shared_tier(prepared, &body, ask).await;
         let (result, window) = match prepared {
             Offloaded::Done(Prepared::Forward { outcome, next }) => {
                 let window = self.start_ahead(next, headers);
@@ -323,6 +305,11 @@ impl CompactionEngine {
                     window,
                 )
             }
+            // Only ever returned to a first pass, which asks again.
+            Offloaded::Done(Prepared::AskShared { .. }) => (
+                self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted),
+                None,
+            ),
             Offloaded::Busy => (
                 Ok(Compacted::original(body, Outcome::uncounted("busy"))),
                 None,
@@ -345,7 +332,8 @@ impl CompactionEngine {
         };
         let upstream = ask.upstream.to_string();
         let fetched = ask.fetched.to_vec();
-        let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
+        let (force, api, reactive, consult_shared) =
+            (ask.force, ask.api, ask.reactive, ask.consult_shared);
         self.inner
             .pool
             .run(body.len(), move || {
@@ -356,10 +344,49 @@ impl CompactionEngine {
                     api,
                     reactive,
                     fetched: &fetched,
+                    consult_shared,
                 };
                 inner.planner.prepare(&body, &ask)
             })
             .await
+    }
+
+    /// Where the first pass needs the replicas' shared tier (nothing cached here, or a summary
+    /// about to be paid for), asks it for the conversation's prefixes and plans again with what
+    /// it holds.
+    async fn with_shared_tier(
+        &self,
+        prepared: Offloaded<Prepared>,
+        body: &Bytes,
+        ask: Ask<'_>,
+    ) -> Offloaded<Prepared> {
+        let keys = match &prepared {
+            Offloaded::Done(Prepared::AskShared { keys }) => keys,
+            Offloaded::Done(Prepared::Summarize(job)) if !job.remote_keys.is_empty() => {
+                &job.remote_keys
+            }
+            _ => return prepared,
+        };
+        let fetched = match self.inner.remote() {
+            Some(tier) => tier.get_many(keys).await,
+            None => Vec::new(),
+        };
+        self.inner.metrics.remote_lookup(!fetched.is_empty());
+        if fetched.is_empty() && !matches!(prepared, Offloaded::Done(Prepared::AskShared { .. })) {
+            return prepared;
+        }
+        for (key, summary) in &fetched {
+            self.inner
+                .planner
+                .cache
+                .insert(*key, Arc::new(summary.clone()));
+        }
+        let again = Ask {
+            fetched: &fetched,
+            consult_shared: false,
+            ..ask
+        };
+        self.prepare(body, &again).await
     }
 
     /// With `fail_mode: closed`, a request still over the model's window after every stage is

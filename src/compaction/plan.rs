@@ -121,6 +121,11 @@ pub trait SummaryLookup {
     fn made_ahead(&mut self, _prefix: &Digest) -> bool {
         false
     }
+    /// Whether a shared tier (other replicas' summaries) should be asked when this cache has
+    /// nothing for the conversation, before any planning that would pay for a summary.
+    fn consults_shared_tier(&self) -> bool {
+        false
+    }
 }
 
 /// No cache: every over-trigger request is summarized from scratch.
@@ -158,6 +163,9 @@ pub enum Decision {
         layout: Layout,
         summary: CachedSummary,
     },
+    /// Nothing is cached here for this conversation: ask the shared tier for the prefixes in
+    /// [`Plan::candidate_cuts`], then plan again with what it holds.
+    AskShared,
     /// Summarize `to_summarize` (on top of `previous` when given).
     Summarize {
         layout: Layout,
@@ -312,6 +320,10 @@ pub fn plan_in(
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
     let cached = analysis.cached(&chain, cache, mode);
+    let ahead = matches!(mode, Mode::Ahead { .. });
+    if cached.is_none() && !ahead && cache.consults_shared_tier() {
+        return finish(Decision::AskShared, Some(chain), false, analysis);
+    }
     let mut decision = match &cached {
         Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
         None => {

@@ -45,6 +45,9 @@ pub(super) enum Prepared {
     },
     /// A summary must be made (or joined) first.
     Summarize(Box<Job>),
+    /// Nothing is cached here: ask the shared tier for these prefixes (longest first), then
+    /// plan again.
+    AskShared { keys: Vec<CacheKey> },
 }
 
 /// What a forwarded request leaves to do: its window (for `fail_mode: closed`), and a
@@ -138,6 +141,8 @@ pub(super) struct Ask<'r> {
     pub reactive: Option<Reactive>,
     /// Summaries a shared tier held for this conversation (planning again after asking it).
     pub fetched: &'r [(CacheKey, CachedSummary)],
+    /// Stop and ask the shared tier when nothing is cached here (the first pass).
+    pub consult_shared: bool,
 }
 
 /// A client key's own compaction settings.
@@ -278,10 +283,11 @@ impl Planner {
             upstream,
             reason: ask.reactive.map(|_| "reactive"),
         };
-        let mut lookup = ScopedLookup::new(&self.cache, ask.fetched, || Scope {
-            tenant: ask.credentials.tenant(),
-            fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
-        });
+        let mut lookup =
+            ScopedLookup::new(&self.cache, ask.fetched, ask.consult_shared, || Scope {
+                tenant: ask.credentials.tenant(),
+                fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
+            });
         let mode = if ask.force { Mode::Force } else { Mode::Normal };
         let plan = plan::plan_in(&conversation, settings, &token_model, mode, &mut lookup);
         let ahead = match (&plan.decision, self.config.precompute_at) {
@@ -396,6 +402,17 @@ impl Planner {
         };
         let truncated = self.truncated(context, &plan);
         match &plan.decision {
+            Decision::AskShared => Prepared::AskShared {
+                keys: match &plan.chain {
+                    Some(chain) => plan
+                        .candidate_cuts
+                        .iter()
+                        .map(|&cut| chain[cut])
+                        .take(super::redis_tier::MAX_LOOKUP_KEYS)
+                        .collect(),
+                    None => Vec::new(),
+                },
+            },
             Decision::PassThrough { reason } => {
                 let reason = context.reason.unwrap_or(reason);
                 if let Some(truncated) = truncated {
