@@ -99,6 +99,14 @@ async fn a_context_length_error_becomes_one_compacted_answer_and_the_window_is_l
         messages.last(),
         "the latest user message stays last"
     );
+    // Counted as a reactive compaction and a retry that answered.
+    let metrics = get(&stack.proxy.url("/metrics")).await.text();
+    for sample in [
+        r#"compactor_compactions_total{outcome="summarized",reason="reactive"} 1"#,
+        r#"compactor_reactive_retries_total{result="ok"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|line| line == sample), "{sample}");
+    }
 
     // The error's limit is now this model's window: the next turn is compacted up front,
     // with no second round trip to be refused.

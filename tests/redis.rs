@@ -209,21 +209,38 @@ async fn chat_at(addr: &str, messages: &[Value]) -> Collected {
 
 #[tokio::test]
 async fn the_next_turn_on_another_replica_reuses_the_summary_with_no_call() {
+    next_turn_on_another_replica(conversation("turns", 6)).await;
+}
+
+#[tokio::test]
+async fn a_large_conversation_planned_off_the_reactor_finds_the_shared_summary_too() {
+    // Over 256 KiB: planned on the planner's threads, which ask Redis in the middle of planning.
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    for t in 0..60 {
+        messages.push(json!({"role": "user", "content": format!("large question {t}: ") + &"words ".repeat(500)}));
+        messages.push(json!({"role": "assistant", "content": format!("large answer {t}: ") + &"reply ".repeat(500)}));
+    }
+    messages.push(json!({"role": "user", "content": "go on"}));
+    assert!(serde_json::to_string(&messages).unwrap().len() > 256 * 1024);
+    next_turn_on_another_replica(messages).await;
+}
+
+async fn next_turn_on_another_replica(mut messages: Vec<Value>) {
     let redis = RedisServer::start().await;
     let upstreams = upstreams().await;
     let (a, b) = (
         Replica::start(&upstreams, &redis).await,
         Replica::start(&upstreams, &redis).await,
     );
-    let mut messages = conversation("turns", 6);
     let first = a.chat(&messages, "tenant").await;
     assert_eq!(outcome(&first), "summarized");
+    let calls = upstreams.summarizer.chat_calls();
     messages.push(json!({"role": "assistant", "content": "done"}));
     messages.push(json!({"role": "user", "content": "and then?"}));
     let second = b.chat(&messages, "tenant").await;
     assert_eq!(second.status, 200);
     assert_eq!(outcome(&second), "reused");
-    assert_eq!(upstreams.summarizer.chat_calls(), 1);
+    assert_eq!(upstreams.summarizer.chat_calls(), calls, "no call for the second turn");
     assert_eq!(
         b.metric("compactor_summary_cache_remote_lookups_total{result=\"hit\"}")
             .await,

@@ -7,7 +7,7 @@ use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
 use super::digest::Digest;
-use super::plan::{CachedSummary, SummaryLookup};
+use super::plan::{CachedSummary, SharedTier, SummaryLookup};
 use super::scope::Scope;
 
 pub type CacheKey = [u8; 32];
@@ -90,12 +90,26 @@ impl SummaryCache {
 
 /// The planner's view of the cache for one scope. The scope (two hashes) is only computed
 /// when the planner actually looks, so requests under the trigger never pay for it.
+/// Fetches what a shared tier holds for some prefixes (blocking: only where blocking is
+/// allowed, on the planner's own threads).
+pub type Fetch<'f> = &'f (dyn Fn(&[CacheKey]) -> Vec<(CacheKey, CachedSummary)> + Sync);
+
+/// How a request's planning reaches the replicas' shared tier.
+#[derive(Clone, Copy)]
+pub enum Shared<'f> {
+    Off,
+    /// Stop and let the caller ask (planning inline, where nothing may block).
+    Ask,
+    Fetch(Fetch<'f>),
+}
+
 pub struct ScopedLookup<'c> {
     cache: &'c SummaryCache,
     /// Summaries fetched from a shared tier for this request, looked at before the cache.
     fetched: &'c [(CacheKey, CachedSummary)],
-    /// Whether to stop and ask the shared tier when nothing is cached here.
-    consult_shared: bool,
+    shared: Shared<'c>,
+    /// What [`Shared::Fetch`] brought back while planning.
+    fetched_here: Vec<(CacheKey, CachedSummary)>,
     make_scope: Box<dyn Fn() -> Scope + 'c>,
     scope: Option<Scope>,
 }
@@ -104,13 +118,14 @@ impl<'c> ScopedLookup<'c> {
     pub fn new(
         cache: &'c SummaryCache,
         fetched: &'c [(CacheKey, CachedSummary)],
-        consult_shared: bool,
+        shared: Shared<'c>,
         make_scope: impl Fn() -> Scope + 'c,
     ) -> Self {
         ScopedLookup {
             cache,
             fetched,
-            consult_shared,
+            shared,
+            fetched_here: Vec::new(),
             make_scope: Box::new(make_scope),
             scope: None,
         }
@@ -129,6 +144,7 @@ impl SummaryLookup for ScopedLookup<'_> {
     fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
         self.fetched
             .iter()
+            .chain(&self.fetched_here)
             .find(|(key, _)| key == prefix)
             .map(|(_, summary)| summary.clone())
             .or_else(|| self.cache.get(prefix).map(|summary| (*summary).clone()))
@@ -138,8 +154,24 @@ impl SummaryLookup for ScopedLookup<'_> {
         self.cache.made_ahead.get(prefix).is_some()
     }
 
-    fn consults_shared_tier(&self) -> bool {
-        self.consult_shared
+    fn shared_tier(&self) -> SharedTier {
+        match self.shared {
+            Shared::Off => SharedTier::None,
+            Shared::Ask => SharedTier::Ask,
+            Shared::Fetch(_) => SharedTier::Fetch,
+        }
+    }
+
+    fn fetch_shared(&mut self, prefixes: &[Digest]) -> bool {
+        let Shared::Fetch(fetch) = self.shared else {
+            return false;
+        };
+        let found = fetch(prefixes);
+        for (key, summary) in &found {
+            self.cache.insert(*key, Arc::new(summary.clone()));
+        }
+        self.fetched_here = found;
+        !self.fetched_here.is_empty()
     }
 }
 

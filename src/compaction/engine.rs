@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::budget::SummarizerBudget;
-use super::cache::CacheKey;
+use super::cache::{CacheKey, Shared};
 use super::control::{self, Control};
 use super::conversation::{Api, Message};
 use super::failure::CompactionFailure;
@@ -42,14 +42,14 @@ pub struct CompactionEngine {
 }
 
 /// What every request waiting on one summarizer run gets.
-type Shared = Result<Arc<CachedSummary>, CompactionFailure>;
+type FlightResult = Result<Arc<CachedSummary>, CompactionFailure>;
 
 struct Inner {
     planner: Planner,
     metrics: Arc<Metrics>,
     /// The replicas' shared tier (`cache.backend: redis`).
     tier: Option<RedisTier>,
-    flights: SingleFlight<Shared>,
+    flights: SingleFlight<FlightResult>,
     budget: SummarizerBudget,
     summarizer: Arc<dyn Summarizer>,
     pool: CpuPool,
@@ -270,7 +270,10 @@ impl CompactionEngine {
             api,
             reactive,
             fetched: &[],
-            consult_shared: self.inner.remote().is_some(),
+            shared: match self.inner.remote() {
+                Some(_) => Shared::Ask,
+                None => Shared::Off,
+            },
         };
         let prepared = self.prepare(&body, &ask).await;
         let prepared = self.with_shared_tier(prepared, &body, ask).await;
@@ -332,11 +335,25 @@ impl CompactionEngine {
         };
         let upstream = ask.upstream.to_string();
         let fetched = ask.fetched.to_vec();
-        let (force, api, reactive, consult_shared) =
-            (ask.force, ask.api, ask.reactive, ask.consult_shared);
+        let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
+        let asks_shared = matches!(ask.shared, Shared::Ask);
+        // On the pool's threads the shared tier is asked in the middle of planning (blocking
+        // there is allowed), which saves a second parse of a large body; inline, planning stops
+        // and the caller asks.
+        let runtime = tokio::runtime::Handle::current();
+        let fetches = asks_shared && CpuPool::offloads(body.len());
         self.inner
             .pool
             .run(body.len(), move || {
+                let tier = inner.remote().cloned();
+                let fetch = |keys: &[CacheKey]| match &tier {
+                    Some(tier) => {
+                        let found = runtime.block_on(tier.get_many(keys));
+                        inner.metrics.remote_lookup(!found.is_empty());
+                        found
+                    }
+                    None => Vec::new(),
+                };
                 let ask = Ask {
                     credentials: &credentials,
                     upstream: &upstream,
@@ -344,7 +361,11 @@ impl CompactionEngine {
                     api,
                     reactive,
                     fetched: &fetched,
-                    consult_shared,
+                    shared: match (asks_shared, fetches) {
+                        (false, _) => Shared::Off,
+                        (true, false) => Shared::Ask,
+                        (true, true) => Shared::Fetch(&fetch),
+                    },
                 };
                 inner.planner.prepare(&body, &ask)
             })
@@ -383,7 +404,7 @@ impl CompactionEngine {
         }
         let again = Ask {
             fetched: &fetched,
-            consult_shared: false,
+            shared: Shared::Off,
             ..ask
         };
         self.prepare(body, &again).await
@@ -543,7 +564,7 @@ impl CompactionEngine {
 
     /// The summary for a job, made once for all concurrent requests that need it, in a task
     /// that outlives any one of them and stores its result in the cache.
-    async fn summary_for(&self, job: &Job, flight: [u8; 32], headers: &HeaderMap) -> Shared {
+    async fn summary_for(&self, job: &Job, flight: [u8; 32], headers: &HeaderMap) -> FlightResult {
         let config = &self.inner.planner.config;
         let credential = |name| {
             job.client_credentials

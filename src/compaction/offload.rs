@@ -33,13 +33,19 @@ impl CpuPool {
         }
     }
 
+    /// Whether the work for a body of `size` bytes runs on the pool's threads (where it may
+    /// block), not inline.
+    pub fn offloads(size: usize) -> bool {
+        size > INLINE_LIMIT
+    }
+
     /// Runs `work` for a body of `size` bytes.
     pub async fn run<T, F>(&self, size: usize, work: F) -> Offloaded<T>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        if size <= INLINE_LIMIT {
+        if !CpuPool::offloads(size) {
             return Offloaded::Done(work());
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {

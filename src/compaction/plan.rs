@@ -13,6 +13,9 @@ use super::structure::{validate_layout, Groups, Layout, Split};
 use super::tokens::TokenModel;
 use crate::config::{ContextSize, Stage, SummarizationConfig};
 
+/// At most this many prefixes of a conversation are asked of a shared tier (the longest).
+pub const MAX_SHARED_PREFIXES: usize = 256;
+
 /// Tokens assumed for the note that takes the place of truncated messages.
 pub const OMISSION_ESTIMATE_TOKENS: u64 = 48;
 
@@ -121,11 +124,26 @@ pub trait SummaryLookup {
     fn made_ahead(&mut self, _prefix: &Digest) -> bool {
         false
     }
-    /// Whether a shared tier (other replicas' summaries) should be asked when this cache has
-    /// nothing for the conversation, before any planning that would pay for a summary.
-    fn consults_shared_tier(&self) -> bool {
+    /// How a shared tier (other replicas' summaries) is reached when this cache has nothing
+    /// for the conversation, before any planning that would pay for a summary.
+    fn shared_tier(&self) -> SharedTier {
+        SharedTier::None
+    }
+    /// Fetches what the shared tier holds for these prefixes into the lookup; whether it held
+    /// any (only with [`SharedTier::Fetch`]).
+    fn fetch_shared(&mut self, _prefixes: &[Digest]) -> bool {
         false
     }
+}
+
+/// How the planner may reach a shared tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedTier {
+    None,
+    /// It cannot be asked from here: stop, and let the caller ask and plan again.
+    Ask,
+    /// [`SummaryLookup::fetch_shared`] asks it.
+    Fetch,
 }
 
 /// No cache: every over-trigger request is summarized from scratch.
@@ -294,10 +312,7 @@ pub fn plan_in(
         tokens_before,
         cache_consulted: chain.is_some(),
         candidate_cuts: match chain {
-            Some(_) => (analysis.head + 1..=analysis.max_cut)
-                .rev()
-                .filter(|&c| analysis.valid_cut[c])
-                .collect(),
+            Some(_) => analysis.candidate_cuts().collect(),
             None => Vec::new(),
         },
         chain,
@@ -319,10 +334,22 @@ pub fn plan_in(
         return finish(pass_through("nothing_to_summarize"), None, false, analysis);
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
-    let cached = analysis.cached(&chain, cache, mode);
-    let ahead = matches!(mode, Mode::Ahead { .. });
-    if cached.is_none() && !ahead && cache.consults_shared_tier() {
-        return finish(Decision::AskShared, Some(chain), false, analysis);
+    let mut cached = analysis.cached(&chain, cache, mode);
+    if cached.is_none() && !matches!(mode, Mode::Ahead { .. }) {
+        match cache.shared_tier() {
+            SharedTier::None => {}
+            SharedTier::Ask => return finish(Decision::AskShared, Some(chain), false, analysis),
+            SharedTier::Fetch => {
+                let prefixes: Vec<Digest> = analysis
+                    .candidate_cuts()
+                    .take(MAX_SHARED_PREFIXES)
+                    .map(|cut| chain[cut])
+                    .collect();
+                if cache.fetch_shared(&prefixes) {
+                    cached = analysis.cached(&chain, cache, mode);
+                }
+            }
+        }
     }
     let mut decision = match &cached {
         Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
@@ -426,6 +453,13 @@ impl Analysis {
 
     fn n(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// The cuts a cached summary may end at (valid, after the pinned head), longest first.
+    fn candidate_cuts(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.head + 1..=self.max_cut)
+            .rev()
+            .filter(|&c| self.valid_cut[c])
     }
 
     /// The summary to build on: the longest cached prefix (summaries are only ever stored at

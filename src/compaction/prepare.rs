@@ -6,13 +6,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::cache::{CacheKey, ScopedLookup, SummaryCache};
+use super::cache::{CacheKey, ScopedLookup, Shared, SummaryCache};
 use super::clearing::Cleared;
 use super::conversation::{Api, Conversation};
 use super::digest::hash_parts;
 use super::messages;
 use super::overflow::Overflow;
-use super::plan::{self, CachedSummary, Decision, Mode, Plan, PlanSettings};
+use super::plan::{
+    self, CachedSummary, Decision, Mode, Plan, PlanSettings, SharedTier, SummaryLookup,
+};
 use super::responses::{self, Parsed};
 use super::rewrite::{apply_cleared, RewriteError, Splice};
 use super::scope::{fingerprint, Credentials, Scope};
@@ -141,8 +143,8 @@ pub(super) struct Ask<'r> {
     pub reactive: Option<Reactive>,
     /// Summaries a shared tier held for this conversation (planning again after asking it).
     pub fetched: &'r [(CacheKey, CachedSummary)],
-    /// Stop and ask the shared tier when nothing is cached here (the first pass).
-    pub consult_shared: bool,
+    /// How the replicas' shared tier is reached when nothing is cached here.
+    pub shared: Shared<'r>,
 }
 
 /// A client key's own compaction settings.
@@ -283,11 +285,10 @@ impl Planner {
             upstream,
             reason: ask.reactive.map(|_| "reactive"),
         };
-        let mut lookup =
-            ScopedLookup::new(&self.cache, ask.fetched, ask.consult_shared, || Scope {
-                tenant: ask.credentials.tenant(),
-                fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
-            });
+        let mut lookup = ScopedLookup::new(&self.cache, ask.fetched, ask.shared, || Scope {
+            tenant: ask.credentials.tenant(),
+            fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
+        });
         let mode = if ask.force { Mode::Force } else { Mode::Normal };
         let plan = plan::plan_in(&conversation, settings, &token_model, mode, &mut lookup);
         let ahead = match (&plan.decision, self.config.precompute_at) {
@@ -408,7 +409,7 @@ impl Planner {
                         .candidate_cuts
                         .iter()
                         .map(|&cut| chain[cut])
-                        .take(super::redis_tier::MAX_LOOKUP_KEYS)
+                        .take(plan::MAX_SHARED_PREFIXES)
                         .collect(),
                     None => Vec::new(),
                 },
@@ -593,13 +594,18 @@ impl Planner {
             fallback: None,
             reason: context.reason,
             ahead_base: None,
-            remote_keys: plan
-                .candidate_cuts
-                .iter()
-                .map(|&cut| chain[cut])
-                .filter(|key| self.cache.get(key).is_none())
-                .take(super::redis_tier::MAX_LOOKUP_KEYS)
-                .collect(),
+            // Built on a summary cached here: another replica may hold a newer one. (With none
+            // cached here, planning already asked the shared tier.)
+            remote_keys: match previous {
+                Some(previous) if lookup.shared_tier() != SharedTier::None => plan
+                    .candidate_cuts
+                    .iter()
+                    .filter(|&&cut| cut > previous.cut)
+                    .map(|&cut| chain[cut])
+                    .take(plan::MAX_SHARED_PREFIXES)
+                    .collect(),
+                _ => Vec::new(),
+            },
         })
     }
 }

@@ -31,9 +31,6 @@ use crate::metrics::Metrics;
 /// another version reads a miss rather than a misread.
 const FORMAT: u8 = 1;
 
-/// At most this many prefixes are asked for in one lookup (the longest first).
-pub const MAX_LOOKUP_KEYS: usize = 256;
-
 /// Extends a lease only while this replica still holds it.
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 /// Ends a lease only while this replica still holds it.
