@@ -72,22 +72,7 @@ async fn sigterm_during_a_stream_lets_it_finish_then_exits_zero() {
         "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n",
         mock.base_url()
     ));
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(file.path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("compactor starts");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(BOUND, stdout.next_line())
-        .await
-        .expect("announces in time")
-        .expect("reads stdout")
-        .expect("a line");
-    let addr = line.rsplit("http://").next().expect("address").to_string();
+    let (mut child, addr, mut lines) = start(file.path()).await;
 
     let client = client();
     let headers = [("x-mock-chunks", "4"), ("x-mock-gate", "term")];
@@ -104,20 +89,7 @@ async fn sigterm_during_a_stream_lets_it_finish_then_exits_zero() {
         .expect("kill runs");
     assert!(killed.success());
     // Wait until compactor says it is draining, so the stream really finishes during shutdown.
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let draining = async {
-        while let Ok(Some(line)) = stderr.next_line().await {
-            if line.contains("shutting down") {
-                return true;
-            }
-        }
-        false
-    };
-    assert!(tokio::time::timeout(BOUND, draining)
-        .await
-        .expect("drains in time"));
-    tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
-
+    wait_for_line(&mut lines, "shutting down").await;
     mock.open_gate("term");
     let mut rest = Vec::new();
     while let Some(data) = next_data(&mut body).await {

@@ -240,7 +240,11 @@ async fn next_turn_on_another_replica(mut messages: Vec<Value>) {
     let second = b.chat(&messages, "tenant").await;
     assert_eq!(second.status, 200);
     assert_eq!(outcome(&second), "reused");
-    assert_eq!(upstreams.summarizer.chat_calls(), calls, "no call for the second turn");
+    assert_eq!(
+        upstreams.summarizer.chat_calls(),
+        calls,
+        "no call for the second turn"
+    );
     assert_eq!(
         b.metric("compactor_summary_cache_remote_lookups_total{result=\"hit\"}")
             .await,
