@@ -340,19 +340,19 @@ impl CompactionEngine {
         // On the pool's threads the shared tier is asked in the middle of planning (blocking
         // there is allowed), which saves a second parse of a large body; inline, planning stops
         // and the caller asks.
-        let runtime = tokio::runtime::Handle::current();
         let fetches = asks_shared && CpuPool::offloads(body.len());
+        let runtime = fetches.then(tokio::runtime::Handle::current);
         self.inner
             .pool
             .run(body.len(), move || {
                 let tier = inner.remote().cloned();
-                let fetch = |keys: &[CacheKey]| match &tier {
-                    Some(tier) => {
+                let fetch = |keys: &[CacheKey]| match (&tier, &runtime) {
+                    (Some(tier), Some(runtime)) => {
                         let found = runtime.block_on(tier.get_many(keys));
                         inner.metrics.remote_lookup(!found.is_empty());
                         found
                     }
-                    None => Vec::new(),
+                    _ => Vec::new(),
                 };
                 let ask = Ask {
                     credentials: &credentials,
@@ -506,16 +506,13 @@ impl CompactionEngine {
                 self.inner.metrics.summary_failed(failure.label());
                 if let Some(truncated) = job.fallback.take() {
                     tracing::warn!(reason = failure.label(), "no summary, truncated: {failure}");
-                    let outcome = Outcome {
-                        kind: OutcomeKind::Truncated,
-                        tokens_after: truncated.tokens_after,
-                        messages_dropped: truncated.dropped,
+                    let outcome = truncated.outcome(Outcome {
                         summarizer_ms,
                         cache: cache_use,
                         outputs_cleared: job.outputs_cleared,
                         reason: job.reason.unwrap_or(failure.label()),
                         ..Outcome::skipped(job.tokens_before, "")
-                    };
+                    });
                     return Ok(Compacted {
                         body: Bytes::from(truncated.body),
                         rewritten: true,
@@ -532,7 +529,7 @@ impl CompactionEngine {
         };
         let config = &self.inner.planner.config;
         let rewritten = job.splice.apply(&body, &summary.text, config.summary_role);
-        let estimate = config.summary_max_tokens + 16;
+        let estimate = self.inner.planner.summary_estimate_tokens();
         let tokens_after = job.layout.projected_tokens - estimate.min(job.layout.projected_tokens)
             + summary.tokens;
         let outcome = Outcome {

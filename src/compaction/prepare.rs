@@ -66,6 +66,18 @@ pub(super) struct Truncated {
     pub dropped: usize,
 }
 
+impl Truncated {
+    /// `base` as the outcome of forwarding this body.
+    pub fn outcome(&self, base: Outcome) -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Truncated,
+            tokens_after: self.tokens_after,
+            messages_dropped: self.dropped,
+            ..base
+        }
+    }
+}
+
 /// Everything the asynchronous part needs to make and apply a summary.
 pub(super) struct Job {
     pub layout: Layout,
@@ -197,6 +209,11 @@ impl Planner {
                 _ => Arc::new(SummaryCache::new(config.cache.max_bytes)),
             },
         }
+    }
+
+    /// The size assumed for a summary before it exists (the same for every key).
+    pub fn summary_estimate_tokens(&self) -> u64 {
+        self.settings.summary_estimate_tokens
     }
 
     /// The plan settings and summarizer model for a caller: its key's own, else the defaults.
@@ -634,12 +651,7 @@ fn forward(outcome: Outcome, window: Option<u64>) -> Prepared {
 
 fn truncated_body(truncated: Truncated, base: Outcome, next: Next) -> Prepared {
     Prepared::Rewritten {
-        outcome: Outcome {
-            kind: OutcomeKind::Truncated,
-            tokens_after: truncated.tokens_after,
-            messages_dropped: truncated.dropped,
-            ..base
-        },
+        outcome: truncated.outcome(base),
         body: truncated.body,
         notice: false,
         next,
