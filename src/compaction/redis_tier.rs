@@ -223,8 +223,10 @@ impl Tier {
         name.push_str(&self.prefix);
         name.push_str(kind);
         name.push(':');
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for byte in digest {
-            name.push_str(&format!("{byte:02x}"));
+            name.push(HEX[usize::from(byte >> 4)] as char);
+            name.push(HEX[usize::from(byte & 0xf)] as char);
         }
         name
     }
