@@ -87,9 +87,9 @@ def summarizer():
     process.stop()
 
 
-@pytest.fixture(scope="session")
-def compacting(mock_upstream, summarizer):
-    """compactor with compaction on: 8+ messages trigger, 2 kept, summaries from `summarizer`."""
+def start_compacting(mock_upstream, summarizer, trigger):
+    """compactor with compaction on (`trigger` as YAML), 2 messages kept, summaries from
+    `summarizer`."""
     extra = (
         "  - name: summarizer\n"
         f"    base_url: {summarizer.url}/v1\n"
@@ -101,11 +101,17 @@ def compacting(mock_upstream, summarizer):
           enabled: true
           upstream: summarizer
           model_name: summarizer-model
-          trigger: [{type: messages, value: 8}]
-          keep: {type: messages, value: 2}
+          trigger: {trigger}
+          keep: {{type: messages, value: 2}}
           summary_max_tokens: 32
         """
-    )
-    process = start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
+    ).format(trigger=trigger)
+    return start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
+
+
+@pytest.fixture(scope="session")
+def compacting(mock_upstream, summarizer):
+    """compactor with compaction on: 8+ messages trigger, 2 kept, summaries from `summarizer`."""
+    process = start_compacting(mock_upstream, summarizer, "[{type: messages, value: 8}]")
     yield process
     process.stop()

@@ -2,13 +2,11 @@
 (`x-mock-window`, answered with each provider's real error), and compactor retries once,
 compacted. The official openai and anthropic SDKs see one ordinary answer."""
 
-import textwrap
-
 import anthropic
 import openai
 import pytest
 
-from conftest import start_compactor
+from conftest import start_compacting
 
 WINDOW = {"x-mock-window": "1500"}
 
@@ -16,23 +14,7 @@ WINDOW = {"x-mock-window": "1500"}
 @pytest.fixture(scope="module")
 def reactive(mock_upstream, summarizer):
     """compactor whose triggers are far away: only the upstream's refusal makes it compact."""
-    extra = (
-        "  - name: summarizer\n"
-        f"    base_url: {summarizer.url}/v1\n"
-        '    models: ["summarizer-*"]\n'
-    )
-    summarization = textwrap.dedent(
-        """\
-        summarization:
-          enabled: true
-          upstream: summarizer
-          model_name: summarizer-model
-          trigger: [{type: tokens, value: 1000000}]
-          keep: {type: messages, value: 2}
-          summary_max_tokens: 32
-        """
-    )
-    process = start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
+    process = start_compacting(mock_upstream, summarizer, "[{type: tokens, value: 1000000}]")
     yield process
     process.stop()
 
