@@ -418,7 +418,8 @@ impl Planner {
             precompute_started: next.ahead.is_some(),
             ..Outcome::skipped(plan.tokens_before, "")
         };
-        let truncated = self.truncated(context, &plan);
+        // Built only where it may be forwarded: it copies the whole body.
+        let truncated = || self.truncated(context, &plan);
         match &plan.decision {
             Decision::AskShared => Prepared::AskShared {
                 keys: match &plan.chain {
@@ -433,7 +434,7 @@ impl Planner {
             },
             Decision::PassThrough { reason } => {
                 let reason = context.reason.unwrap_or(reason);
-                if let Some(truncated) = truncated {
+                if let Some(truncated) = truncated() {
                     return truncated_body(truncated, Outcome { reason, ..base }, next);
                 }
                 if plan.cleared.is_empty() {
@@ -495,7 +496,7 @@ impl Planner {
                 // A summary that cannot bring the request under the model's window is not
                 // paid for: the last resort, or the request as it is.
                 if plan.window.is_some_and(|w| layout.projected_tokens >= w) {
-                    return match truncated {
+                    return match truncated() {
                         Some(truncated) => truncated_body(
                             truncated,
                             Outcome {
@@ -523,7 +524,7 @@ impl Planner {
                     lookup,
                 ) {
                     Ok(mut job) => {
-                        job.fallback = truncated;
+                        job.fallback = truncated();
                         Prepared::Summarize(Box::new(job))
                     }
                     Err((kind, reason)) => Prepared::Forward {
