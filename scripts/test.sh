@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: Rust unit, integration and black-box tests, then the Python SDK suite
-# (official openai SDK + LangChain) against the real binaries. Sets up its own venv, and
-# installs redis-server (apt-get, as root) when it is missing.
+# Runs every test: Rust unit, integration and black-box tests, then the Python suite (official
+# openai and anthropic SDKs, LangChain, and the real Claude Code and Codex CLIs) against the real
+# binaries. Sets up its own venv and the CLIs (npm ci in tests/agents), and installs
+# redis-server and node (apt-get, as root) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,24 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "scripts/test.sh: redis-server is needed (apt-get install redis-server)" >&2
     exit 1
   fi
+fi
+
+# tests/python/test_agents.py drives the real Claude Code and Codex CLIs, pinned in
+# tests/agents/package.json and installed from the npm registry.
+if ! command -v npm >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq nodejs npm
+  else
+    echo "scripts/test.sh: node and npm are needed (apt-get install nodejs npm)" >&2
+    exit 1
+  fi
+fi
+agents=tests/agents
+agents_stamp="$agents/node_modules/.lock.sha256"
+agents_want=$(sha256sum "$agents/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$agents_stamp" 2>/dev/null)" != "$agents_want" ]; then
+  (cd "$agents" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$agents_want" > "$agents_stamp"
 fi
 
 cargo test --locked --workspace

@@ -32,6 +32,8 @@ pub enum ProxyError {
     BadRequest(String),
     #[error("method {0} is not allowed")]
     MethodNotAllowed(String),
+    #[error("compactor serves this API over HTTP: a WebSocket upgrade is refused so that the client falls back to HTTP at once (websocket: relay passes upgrades to the upstream)")]
+    UpgradeRefused,
     #[error("transfer coding '{0}' is not supported; send the body plain or chunked")]
     UnsupportedTransferEncoding(String),
     #[error("a valid API key is required: pass it as Authorization: Bearer <key> or x-api-key")]
@@ -64,6 +66,8 @@ impl ProxyError {
             ProxyError::BodyRead(_) | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            // 426, not 404: clients (Codex) take it as "use HTTP" and fall back without retrying.
+            ProxyError::UpgradeRefused => StatusCode::UPGRADE_REQUIRED,
             ProxyError::UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingKey | ProxyError::UnknownKey => StatusCode::UNAUTHORIZED,
             ProxyError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
@@ -85,6 +89,7 @@ impl ProxyError {
             | ProxyError::BodyTimeout(_)
             | ProxyError::BadRequest(_)
             | ProxyError::MethodNotAllowed(_)
+            | ProxyError::UpgradeRefused
             | ProxyError::UnsupportedTransferEncoding(_)
             | ProxyError::MissingKey
             | ProxyError::UnknownKey
@@ -120,6 +125,7 @@ impl ProxyError {
             ProxyError::BodyTimeout(_) => "request_timeout",
             ProxyError::BadRequest(_) => "invalid_request",
             ProxyError::MethodNotAllowed(_) => "method_not_allowed",
+            ProxyError::UpgradeRefused => "websocket_not_supported",
             ProxyError::UnsupportedTransferEncoding(_) => "unsupported_transfer_encoding",
             ProxyError::MissingKey => "missing_api_key",
             ProxyError::UnknownKey => "invalid_api_key",

@@ -81,12 +81,22 @@ async fn proxy(
         return Ok(response);
     }
     let path = checked_path(&request)?;
-    let rest = forwarded_path(&config.prefix, &path)
-        .ok_or_else(|| ProxyError::NotFound {
+    let Some(rest) = forwarded_path(&config.prefix, &path) else {
+        // Clients probe the address they were given before using it (Claude Code sends
+        // `HEAD /api/hello`): compactor is what answers there.
+        if request.method() == Method::HEAD {
+            log.route = Route::Local;
+            return Ok(Response::new(body::full(Bytes::new())));
+        }
+        return Err(ProxyError::NotFound {
             method: request.method().to_string(),
             path: request.uri().path().to_string(),
-        })?
-        .to_string();
+        });
+    };
+    let rest = rest.to_string();
+    if is_websocket_upgrade(request.headers()) {
+        return Err(ProxyError::UpgradeRefused);
+    }
     let query = request.uri().query().map(str::to_string);
     let (parts, incoming) = request.into_parts();
     let key = authenticate(&generation.auth, &parts.headers)?;
@@ -474,6 +484,17 @@ pub fn local_route<B>(
         response.headers_mut().insert(header::CONTENT_TYPE, value);
     }
     Some(response)
+}
+
+fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| {
+            v.split(',')
+                .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+        })
 }
 
 fn is_json_post(method: &Method, headers: &HeaderMap) -> bool {

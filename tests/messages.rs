@@ -196,6 +196,48 @@ fn the_latest_user_request_moves_after_the_summary_with_the_pairs_after_it() {
     assert_eq!(&sent[1..], &messages[messages.len() - 2..]);
 }
 
+/// Claude Code's opening as 2.1.332 sends it: reminders and the task in the first user turn,
+/// then its environment as a `system` turn with a breakpoint and a per-turn setting.
+fn claude_code_opening() -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nAttribution for commits\n</system-reminder>\n"},
+            {"type": "text", "text": "Fix the bug."}]}),
+        json!({"role": "system", "content": [{"type": "text", "text": "# Environment\n - Primary working directory: /w", "cache_control": {"type": "ephemeral"}}],
+               "output_config": {"effort": "medium"}}),
+    ]
+}
+
+#[test]
+fn claude_codes_system_turn_is_never_summarized_and_roles_still_alternate() {
+    let mut messages = claude_code_opening();
+    messages.extend(agent_messages(5).into_iter().skip(1));
+    let body = body(
+        &messages,
+        json!({"thinking": {"type": "adaptive"}, "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}),
+    );
+    for keep in [2, 4] {
+        let out = compacted(&body, &planner_settings(4, keep)).expect("summarized");
+        let out: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(validate(&out), Ok(()), "keep {keep}: {out}");
+        let sent = out["messages"].as_array().unwrap();
+        // The task keeps its turn, the summary in front of it; the environment follows it,
+        // byte for byte, then the kept tool turns.
+        let first = sent[0]["content"].as_array().unwrap();
+        assert!(first[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(SUMMARY_PREFIX));
+        assert_eq!(
+            &first[1..],
+            messages[0]["content"].as_array().unwrap().as_slice()
+        );
+        assert_eq!(sent[1], messages[1]);
+        assert_eq!(&sent[2..], &messages[messages.len() - keep as usize..]);
+        assert!(breakpoints(&out) <= breakpoints(&serde_json::from_str(&body).unwrap()));
+    }
+}
+
 #[test]
 fn a_breakpoint_in_the_summarized_span_moves_to_the_summary_and_kept_ones_stay() {
     let mut messages = agent_messages(4);
@@ -429,6 +471,24 @@ async fn a_long_tool_run_is_summarized_and_the_next_turn_reuses_the_summary() {
         &again[..prefix_end(&again)],
         &forwarded_text[..prefix_end(&forwarded_text)]
     );
+}
+
+#[tokio::test]
+async fn claude_codes_default_requests_are_compacted_with_their_context_edits() {
+    let stack = stack_with(SUMMARIZATION, MockOptions::default()).await;
+    let mut messages = claude_code_opening();
+    messages.extend(agent_messages(6).into_iter().skip(1));
+    let edits = json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]});
+    let sent = body(
+        &messages,
+        json!({"thinking": {"type": "adaptive"}, "context_management": edits}),
+    );
+    let response = send(&stack, "/v1/messages?beta=true", sent).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    assert_eq!(compaction(&response), "summarized");
+    let forwarded = stack.upstream.last_request().unwrap().json();
+    assert_eq!(forwarded["context_management"], edits);
+    assert_eq!(forwarded["messages"][1], messages[1]);
 }
 
 #[tokio::test]

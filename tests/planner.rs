@@ -62,6 +62,7 @@ fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>
         min_span_tokens: 1,
         skills: skills_off(),
         stages: Default::default(),
+        pinned_context: Vec::new(),
     }
 }
 

@@ -150,6 +150,70 @@ async fn history_kept_upstream_or_compacted_natively_is_forwarded_byte_for_byte(
     assert_eq!(stack.summarizer.chat_calls(), 0);
 }
 
+/// Codex's opening (0.171): its tools in an `additional_tools` item, developer instructions,
+/// AGENTS.md and the workspace facts as user items, then the task.
+fn codex_opening() -> Vec<Value> {
+    vec![
+        json!({"type": "additional_tools", "id": "at_1", "role": "developer", "tools": [{"type": "namespace", "name": "functions", "tools": [{"type": "custom", "name": "exec"}]}]}),
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "# AGENTS.md instructions for /w\n\nRun the tests."}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>/w</cwd>\n</environment_context>"}]}),
+    ]
+}
+
+#[tokio::test]
+async fn codex_context_items_and_a_provider_compaction_are_never_summarized() {
+    let stack = stack().await;
+    // The opening stays first, byte for byte, however far the cut goes.
+    let mut input = codex_opening();
+    input.extend(agent_input(6).into_iter().skip(1));
+    let response = send(&stack, body(&input, json!({}))).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    assert_eq!(compaction(&response), "summarized");
+    let forwarded = stack.upstream.last_request().unwrap().json();
+    let items = forwarded["input"].as_array().unwrap();
+    assert_eq!(&items[..4], &input[..4]);
+    assert!(items[4]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Here is a summary"));
+    let prompt = stack.summarizer.last_request().unwrap().json()["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!prompt.contains("environment_context") && !prompt.contains("AGENTS.md"));
+
+    // Workspace facts sent again mid-run are kept too, after the summary.
+    let mut input = codex_opening();
+    let mut run = agent_input(6).into_iter().skip(1).collect::<Vec<_>>();
+    let moved = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>/w/sub</cwd>\n</environment_context>"}]});
+    run.insert(6, moved.clone());
+    input.extend(run);
+    let response = send(&stack, body(&input, json!({}))).await;
+    assert_eq!(compaction(&response), "summarized");
+    let forwarded = stack.upstream.last_request().unwrap().json();
+    let items = forwarded["input"].as_array().unwrap();
+    assert_eq!(&items[..4], &input[..4]);
+    assert_eq!(items[5], moved);
+
+    // A provider's compaction item, after the user items where Codex puts it: it and all
+    // before it stay as sent; only what came after it is summarized.
+    let mut input = codex_opening();
+    input.push(json!({"role": "user", "content": "first task"}));
+    input.push(json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque-history"}));
+    input.extend(agent_input(6).into_iter().skip(1));
+    let response = send(&stack, body(&input, json!({}))).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    assert_eq!(compaction(&response), "summarized");
+    let forwarded = stack.upstream.last_request().unwrap().json();
+    let items = forwarded["input"].as_array().unwrap();
+    assert_eq!(&items[..6], &input[..6]);
+    assert!(items[6]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Here is a summary"));
+}
+
 #[tokio::test]
 async fn the_mock_rejects_what_openai_rejects() {
     let upstream = mock(MockOptions::default()).await;

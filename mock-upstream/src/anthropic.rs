@@ -193,6 +193,37 @@ fn breakpoints(value: &Value) -> usize {
     }
 }
 
+/// Anthropic's checks on `context_management`: known edit types only, and thinking edits only
+/// when thinking is on.
+fn validate_context_management(request: &Value) -> Result<(), String> {
+    let Some(management) = request.get("context_management") else {
+        return Ok(());
+    };
+    let edits = management
+        .get("edits")
+        .and_then(Value::as_array)
+        .ok_or("context_management.edits: Field required")?;
+    let thinking = matches!(
+        request.pointer("/thinking/type").and_then(Value::as_str),
+        Some("enabled" | "adaptive")
+    );
+    for (i, edit) in edits.iter().enumerate() {
+        let kind = edit.get("type").and_then(Value::as_str).unwrap_or("");
+        let known = ["clear_tool_uses_", "clear_thinking_", "compact_"]
+            .iter()
+            .any(|prefix| kind.starts_with(prefix));
+        if !known {
+            return Err(format!(
+                "context_management.edits.{i}.type: unknown edit type '{kind}'"
+            ));
+        }
+        if kind.starts_with("clear_thinking_") && !thinking {
+            return Err(format!("context_management.edits.{i}: clear_thinking requires thinking to be enabled or adaptive"));
+        }
+    }
+    Ok(())
+}
+
 /// Anthropic's checks on a Messages request: a non-empty `messages` starting with a user turn
 /// and alternating roles; every `tool_use` answered by a `tool_result` in the next message and
 /// every `tool_result` answering a `tool_use` of the previous one, results before any other
@@ -205,16 +236,22 @@ pub fn validate(request: &Value) -> Result<(), String> {
     if messages.is_empty() {
         return Err("messages: at least one message is required".into());
     }
+    validate_context_management(request)?;
     let mut previous_role = "";
     let mut pending: Vec<&str> = Vec::new();
     for (i, message) in messages.iter().enumerate() {
         let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+        // A system turn inside `messages` (Claude Code sends one, with its per-turn-control
+        // beta) is an instruction between turns: it takes no part in the alternation.
+        if role == "system" && !previous_role.is_empty() && pending.is_empty() {
+            continue;
+        }
         if !matches!(role, "user" | "assistant") {
             return Err(format!(
                 "messages.{i}.role: Input should be 'user' or 'assistant'"
             ));
         }
-        if i == 0 && role != "user" {
+        if previous_role.is_empty() && role != "user" {
             return Err("messages: first message must use the \"user\" role".into());
         }
         if role == previous_role {

@@ -50,6 +50,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+pub mod agent;
 pub mod anthropic;
 pub mod window;
 
@@ -61,6 +62,8 @@ pub enum MockMode {
     Chat,
     Echo,
     Summarizer,
+    /// A scripted coding agent for the real CLIs ([`agent`]).
+    Agent,
 }
 
 impl MockMode {
@@ -69,6 +72,7 @@ impl MockMode {
             "chat" => Some(MockMode::Chat),
             "echo" => Some(MockMode::Echo),
             "summarizer" => Some(MockMode::Summarizer),
+            "agent" => Some(MockMode::Agent),
             _ => None,
         }
     }
@@ -97,6 +101,8 @@ pub struct MockOptions {
     pub record: usize,
     /// A context window enforced on every request ([`window`]).
     pub window: Option<u64>,
+    /// What agent mode does ([`agent`]).
+    pub agent: agent::AgentScript,
 }
 
 impl Default for MockOptions {
@@ -109,6 +115,7 @@ impl Default for MockOptions {
             validate: true,
             record: 256,
             window: None,
+            agent: agent::AgentScript::default(),
         }
     }
 }
@@ -142,6 +149,9 @@ struct MockState {
     arrivals: AtomicUsize,
     connections: AtomicUsize,
     window_refusals: AtomicUsize,
+    /// Requests refused by the provider's validation, and the latest refusal's message.
+    rejections: AtomicUsize,
+    last_rejection: Mutex<String>,
 }
 
 /// A running mock upstream; dropping it does not stop it (it lives as long as the runtime).
@@ -375,6 +385,16 @@ async fn serve_request(
         gate(&state, key).notify_one();
         return Ok(full(StatusCode::OK, "application/json", "{}"));
     }
+    if path == "/mock/stats" {
+        let body = json!({
+            "arrivals": state.arrivals.load(Ordering::SeqCst),
+            "answered": state.chat_calls.load(Ordering::SeqCst),
+            "rejections": state.rejections.load(Ordering::SeqCst),
+            "last_rejection": lock(&state.last_rejection).clone(),
+            "window_refusals": state.window_refusals.load(Ordering::SeqCst),
+        });
+        return Ok(full(StatusCode::OK, "application/json", body.to_string()));
+    }
     if parts.method == Method::GET && path.ends_with("/models") {
         let body = json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 1_700_000_000, "owned_by": "compactor"}]});
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
@@ -455,8 +475,13 @@ async fn serve_request(
             ))
         }
     };
+    let reject = |message: &str| {
+        state.rejections.fetch_add(1, Ordering::SeqCst);
+        *lock(&state.last_rejection) = message.to_string();
+    };
     if options.validate && messages_api {
         if let Err(message) = anthropic::validate(&request) {
+            reject(&message);
             return Ok(anthropic_error(StatusCode::BAD_REQUEST, &message));
         }
     } else if options.validate {
@@ -466,6 +491,7 @@ async fn serve_request(
             validate_messages(&request)
         };
         if let Err((message, param)) = checked {
+            reject(&message);
             return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
         }
     }
@@ -530,6 +556,26 @@ async fn serve_request(
         Reply::Text(text) => text.clone(),
         Reply::ToolCall { arguments, .. } => arguments.clone(),
     };
+    let agent_reply = match mode {
+        MockMode::Agent if messages_api => Some(agent::message_reply(
+            &options.agent,
+            &request,
+            &body,
+            &id,
+            &model,
+        )),
+        MockMode::Agent if responses_api => Some(agent::response_reply(
+            &options.agent,
+            &request,
+            &body,
+            &id,
+            &model,
+        )),
+        _ => None,
+    };
+    if let (Some((whole, _)), false) = (&agent_reply, stream) {
+        return Ok(full(StatusCode::OK, "application/json", whole.to_string()));
+    }
     if !stream {
         let body = if messages_api {
             anthropic::message_json(&id, &model, &anthropic_reply, &request)
@@ -544,7 +590,9 @@ async fn serve_request(
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let events = if messages_api {
+    let events = if let Some((_, events)) = agent_reply {
+        events
+    } else if messages_api {
         anthropic::message_events(&id, &model, &anthropic_reply, &request, chunks)
     } else if responses_api {
         response_events(&id, &model, &text, chunks)
@@ -650,6 +698,8 @@ fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, fault: Option<MockF
     let messages = request.get("messages").and_then(Value::as_array);
     match mode {
         MockMode::Echo => Reply::Text(String::from_utf8_lossy(raw).into_owned()),
+        // Agent mode scripts only the Messages and Responses APIs; chat gets the chat reply.
+        MockMode::Agent => build_reply(MockMode::Chat, request, raw, fault),
         MockMode::Summarizer => {
             match fault {
                 Some(MockFault::Blank) => return Reply::Text("   ".into()),

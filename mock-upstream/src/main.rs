@@ -12,7 +12,7 @@ struct Cli {
     /// Address to listen on (port 0 picks a free one; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
-    /// chat | echo | summarizer
+    /// chat | echo | summarizer | agent
     #[arg(long, default_value = "chat")]
     mode: String,
     /// Content chunks per streamed reply.
@@ -33,6 +33,12 @@ struct Cli {
     /// A context window (the mock's own token count) refused with the provider's error.
     #[arg(long)]
     window: Option<u64>,
+    /// Agent mode: tool steps before the final answer.
+    #[arg(long, default_value_t = 30)]
+    agent_steps: u32,
+    /// Agent mode: the folder whose files the steps read.
+    #[arg(long)]
+    agent_files: Option<std::path::PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,7 +47,16 @@ fn main() -> std::process::ExitCode {
         eprintln!("mock-upstream: unknown --mode {}", cli.mode);
         return std::process::ExitCode::from(2);
     };
+    let agent =
+        match mock_upstream::agent::AgentScript::new(cli.agent_steps, cli.agent_files.as_deref()) {
+            Ok(agent) => agent,
+            Err(e) => {
+                eprintln!("mock-upstream: --agent-files: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
     let options = MockOptions {
+        agent,
         mode,
         chunks: cli.chunks,
         chunk_delay: Duration::from_millis(cli.chunk_delay_ms),

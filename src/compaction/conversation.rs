@@ -599,6 +599,31 @@ impl<'a> Message<'a> {
         model.tokens(chars) + images * model.image_tokens + PER_MESSAGE_OVERHEAD
     }
 
+    /// Whether this is a user or instruction message whose text begins with one of
+    /// `patterns` (leading whitespace aside): pinned context a client sends, never summarized.
+    pub fn opens_with(&self, patterns: &[String]) -> bool {
+        if !matches!(self.role, Role::User | Role::System | Role::Developer) {
+            return false;
+        }
+        let Some(content) = self.content else {
+            return false;
+        };
+        // The raw JSON is searched first, so only a message that mentions a pattern is decoded.
+        let mentioned = patterns.iter().any(|pattern| {
+            let escaped = serde_json::to_string(pattern).unwrap_or_default();
+            let escaped = escaped.trim_matches('"');
+            !escaped.is_empty() && content.get().contains(escaped)
+        });
+        if !mentioned {
+            return false;
+        }
+        let text = self.text();
+        let text = text.trim_start();
+        patterns
+            .iter()
+            .any(|pattern| !pattern.is_empty() && text.starts_with(pattern.as_str()))
+    }
+
     /// The message's text content (string content, or its text parts joined).
     pub fn text(&self) -> String {
         let Some(content) = self.content else {

@@ -7,8 +7,15 @@
 //! `thinking` and `redacted_thinking` blocks are never read as text; kept messages keep their
 //! bytes, so the latest assistant turn's thinking is never modified.
 //!
-//! Requests the provider compacts or edits itself are left alone: `context_management`, and a
-//! history already holding a `compaction` block.
+//! A `system` turn inside `messages` (Claude Code sends its environment as one, with its
+//! per-turn-control beta) is an instruction: pinned at the head, kept in the tail, and kept
+//! verbatim after the summary when the cut passes it (it takes no part in the alternation).
+//!
+//! Requests the provider compacts itself are left alone: a `context_management` edit of a
+//! `compact_*` type, and a history already holding a `compaction` block. Context *editing*
+//! (`clear_thinking_*`, `clear_tool_uses_*`) is forwarded as sent and the request is compacted
+//! as usual: the edits apply to what compactor forwards, and the latest assistant turn, whose
+//! thinking they protect, is always kept verbatim.
 
 use std::borrow::Cow;
 
@@ -102,6 +109,34 @@ struct NestedBlock<'a> {
     cache_control: Option<&'a RawValue>,
 }
 
+/// `context_management.edits`, each edit's type.
+#[derive(Deserialize)]
+struct ContextManagement<'a> {
+    #[serde(borrow, default)]
+    edits: Vec<Edit<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Edit<'a> {
+    #[serde(borrow, rename = "type", default)]
+    kind: Cow<'a, str>,
+}
+
+/// Whether `context_management` has the provider compact the history (a `compact_*` edit); a
+/// value compactor cannot read counts as one, so such a request is never compacted twice.
+fn provider_compacts(raw: &RawValue) -> bool {
+    if raw.get() == "null" {
+        return false;
+    }
+    match serde_json::from_str::<ContextManagement<'_>>(raw.get()) {
+        Ok(management) => management
+            .edits
+            .iter()
+            .any(|edit| edit.kind.starts_with("compact_")),
+        Err(_) => true,
+    }
+}
+
 fn present(raw: Option<&RawValue>) -> bool {
     raw.is_some_and(|raw| raw.get() != "null")
 }
@@ -110,7 +145,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
     let view: RequestView<'_> =
         serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
-    if present(view.context_management) {
+    if view.context_management.is_some_and(provider_compacts) {
         return Ok(Parsed::LeaveAlone("context_management"));
     }
     let Some(fields) = view.messages else {
@@ -156,11 +191,11 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
         .and_then(string_value)
         .ok_or_else(|| Unplannable::Bad("role is missing".into()))?;
     let assistant = match role.as_ref() {
-        "user" => false,
+        "user" | "system" => false,
         "assistant" => true,
         other => {
             return Err(Unplannable::Bad(format!(
-                "role '{other}' is not user or assistant"
+                "role '{other}' is not user, assistant or system"
             )))
         }
     };
@@ -267,7 +302,13 @@ mod tests {
         };
         assert_eq!(
             left_alone(
-                json!({"model": "m", "messages": [{"role": "user", "content": "q"}], "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}})
+                json!({"model": "m", "messages": [{"role": "user", "content": "q"}], "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}, {"type": "compact_20260112"}]}})
+            ),
+            "context_management"
+        );
+        assert_eq!(
+            left_alone(
+                json!({"model": "m", "messages": [{"role": "user", "content": "q"}], "context_management": {"edits": "unreadable"}})
             ),
             "context_management"
         );
@@ -280,9 +321,26 @@ mod tests {
     }
 
     #[test]
+    fn context_editing_and_system_turns_are_planned() {
+        // Claude Code's defaults: thinking cleared by the provider, the environment as a
+        // system turn after the first user turn.
+        let body = json!({"model": "m", "max_tokens": 8, "thinking": {"type": "adaptive"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}, {"type": "clear_tool_uses_20250919"}]},
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"}, {"type": "text", "text": "go"}]},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}], "output_config": {"effort": "medium"}},
+                {"role": "assistant", "content": "ok"},
+            ]})
+        .to_string();
+        let conversation = conversation(&body);
+        assert_eq!(conversation.messages[1].role, Role::System);
+        assert!(conversation.messages[1].cache_breakpoint.is_some());
+    }
+
+    #[test]
     fn bodies_that_are_not_messages_requests_are_errors() {
         assert!(parse(b"{}").is_err());
-        assert!(parse(br#"{"messages":[{"role":"system","content":"x"}]}"#).is_err());
+        assert!(parse(br#"{"messages":[{"role":"tool","content":"x"}]}"#).is_err());
         assert!(parse(br#"{"messages":[{"content":"x"}]}"#).is_err());
         assert!(parse(br#"{"messages":[{"role":"user","content":[1]}]}"#).is_err());
     }

@@ -6,7 +6,7 @@
 //! [`super::rewrite::validate`] before a byte is sent.
 
 use super::clearing::{clear_outputs, Cleared};
-use super::conversation::{Conversation, Role};
+use super::conversation::{Api, Conversation, Role};
 use super::digest::{prefix_chain, Digest};
 use super::skills::{skill_bundles, SkillBundle, SkillRescue};
 use super::structure::{validate_layout, Groups, Layout, Split};
@@ -76,6 +76,10 @@ pub struct PlanSettings {
     pub min_span_tokens: u64,
     pub skills: SkillRescue,
     pub stages: Stages,
+    /// Text a client's context messages begin with (`<environment_context>`, …): such a
+    /// message is never summarized, pinned with the system prompt at the start, kept verbatim
+    /// after the summary elsewhere.
+    pub pinned_context: Vec<String>,
 }
 
 impl PlanSettings {
@@ -95,6 +99,7 @@ impl PlanSettings {
                 container_path: config.skills_container_path.clone(),
             },
             stages: Stages::from_config(config),
+            pinned_context: config.pinned_context.clone(),
         }
     }
 }
@@ -229,6 +234,9 @@ struct Analysis {
     pinned_tokens: u64,
     schema_tokens: u64,
     head: usize,
+    /// Messages after the head that are never summarized (pinned context, a Messages system
+    /// turn): kept verbatim after the summary when the cut passes them.
+    kept_context: Vec<usize>,
     /// `valid_cut[c]`: no tool-call group has members on both sides of `c`.
     valid_cut: Vec<bool>,
     /// The largest cut that keeps the last group whole.
@@ -427,13 +435,34 @@ impl Analysis {
         for i in (0..n).rev() {
             suffix[i] = suffix[i + 1] + tokens[i];
         }
-        let head = messages
+        let groups = Groups::of(messages);
+        let pinned = &settings.pinned_context;
+        let mut head = messages
             .iter()
-            .take_while(|m| m.role.is_instruction())
+            .take_while(|m| m.role.is_instruction() || m.opens_with(pinned))
             .count();
+        // The provider's own compaction item stands for everything before it, which the
+        // provider already replaced: that part stays exactly as the client sent it.
+        let latest_compaction = messages
+            .iter()
+            .rposition(|m| m.opaque.is_some() && m.role_text == "compaction");
+        if let Some(at) = latest_compaction.filter(|&at| groups.valid_cut[at + 1]) {
+            head = head.max(at + 1);
+        }
+        let kept_context = (head..n)
+            .filter(|&i| {
+                let m = &messages[i];
+                let system_turn = conversation.api == Api::Messages && m.role == Role::System;
+                // An instruction the summarizer cannot read (a tool declaration item).
+                let opaque_instruction = m.role.is_instruction() && m.opaque.is_some();
+                let bound = m.binds_next || (i > 0 && messages[i - 1].binds_next);
+                (system_turn || opaque_instruction || m.opens_with(pinned))
+                    && !bound
+                    && !m.has_tool_calls()
+            })
+            .collect();
         let pinned_tokens = tokens[..head].iter().sum();
 
-        let groups = Groups::of(messages);
         let latest_user = messages.iter().rposition(|m| m.role == Role::User);
         let skill_bundles = skill_bundles(conversation, &settings.skills, &tokens, &groups);
         Analysis {
@@ -443,6 +472,7 @@ impl Analysis {
             pinned_tokens,
             schema_tokens: conversation.schema_tokens(model),
             head,
+            kept_context,
             valid_cut: groups.valid_cut,
             max_cut: groups.max_cut,
             latest_user,
@@ -670,13 +700,19 @@ impl Analysis {
         (cut + 1..=self.max_cut).find(|&c| self.valid_cut[c])
     }
 
-    /// The latest user message, when the cut passes it (it then moves to after the summary).
-    /// Before `floor` only if `carried` has it (a cached summary cannot be un-summarized).
-    fn moved_user(&self, cut: usize, floor: usize, carried: &[usize]) -> Vec<usize> {
-        self.latest_user
-            .filter(|&u| u >= self.head && u < cut && (u >= floor || carried.contains(&u)))
+    /// What the cut passes but no summary may hold, in order: the latest user message (it then
+    /// moves to after the summary) and the kept context. Before `floor` only if `carried` has
+    /// it (a cached summary cannot be un-summarized).
+    fn kept_in_span(&self, cut: usize, floor: usize, carried: &[usize]) -> Vec<usize> {
+        let mut kept: Vec<usize> = self
+            .latest_user
             .into_iter()
-            .collect()
+            .chain(self.kept_context.iter().copied())
+            .filter(|&u| u >= self.head && u < cut && (u >= floor || carried.contains(&u)))
+            .collect();
+        kept.sort_unstable();
+        kept.dedup();
+        kept
     }
 
     /// Skill groups inside `[head, cut)` kept verbatim, newest first, within the count, total
@@ -770,7 +806,7 @@ impl Analysis {
         goal: Goal,
     ) -> (Layout, bool) {
         let summary_tokens = settings.summary_estimate_tokens;
-        let moved = self.moved_user(cut, floor, carried);
+        let moved = self.kept_in_span(cut, floor, carried);
         let (tokens, messages) = self.projected(cut, &moved, summary_tokens);
         let fits = self.within_headroom(tokens, messages, settings.headroom, goal);
         // Under headroom, rescues must keep it; where even the minimal tail misses it, they may
@@ -808,7 +844,7 @@ impl Analysis {
     fn truncation(&self, conversation: &Conversation<'_>, window: u64) -> Option<Layout> {
         let mut cut = self.next_boundary(self.head)?;
         loop {
-            let moved = self.moved_user(cut, self.head, &[]);
+            let moved = self.kept_in_span(cut, self.head, &[]);
             let (tokens, _) = self.projected(cut, &moved, OMISSION_ESTIMATE_TOKENS);
             if tokens < window {
                 let layout = Layout {

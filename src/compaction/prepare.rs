@@ -269,8 +269,8 @@ impl Planner {
         };
         let conversation = match parsed {
             Ok(Parsed::Conversation(conversation)) => conversation,
-            Ok(Parsed::LeaveAlone(reason)) => return forward(Outcome::skipped(0, reason), None),
-            Err(_) => return forward(Outcome::skipped(0, "unparsable_body"), None),
+            Ok(Parsed::LeaveAlone(reason)) => return forward(Outcome::uncounted(reason), None),
+            Err(_) => return forward(Outcome::uncounted("unparsable_body"), None),
         };
         let key = match ask.credentials {
             Credentials::Key(name) => Some(name.as_str()),

@@ -317,6 +317,17 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
                 )
             }
         }
+        // An item that speaks as the developer or the system (Codex declares its tools in an
+        // `additional_tools` item with `role: developer`) is an instruction, kept whole.
+        _ if matches!(item.role.as_deref(), Some("developer" | "system")) => Message::from_item(
+            raw,
+            item.role.unwrap_or(Cow::Borrowed("developer")),
+            None,
+            Vec::new(),
+            None,
+            Some(raw),
+            false,
+        ),
         // Self-contained items (web and file search, image generation, code interpreter, MCP
         // calls with their output, compaction) and kinds this version does not know.
         other => Message::from_item(

@@ -73,6 +73,18 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Reloading this file while serving.
     pub reload: ReloadConfig,
+    /// WebSocket upgrades (the Responses API's WebSocket transport, which Codex tries first):
+    /// `refuse` answers 426 so the client falls back to HTTP at once and is compacted.
+    pub websocket: WebSocketMode,
+}
+
+/// What a WebSocket upgrade request gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WebSocketMode {
+    /// 426 Upgrade Required, in the API's error shape.
+    #[default]
+    Refuse,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -398,6 +410,10 @@ pub struct SummarizationConfig {
     pub skill_file_read_tool_names: Vec<String>,
     /// A read counts as a skill read when its path lies under this directory.
     pub skills_container_path: String,
+    /// Text that a client's context messages begin with (leading whitespace aside): such a
+    /// user, system or developer message is never summarized. At the start of the conversation
+    /// it is pinned with the system prompt; elsewhere it is kept verbatim after the summary.
+    pub pinned_context: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -549,6 +565,7 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             admin: AdminConfig::default(),
             reload: ReloadConfig::default(),
+            websocket: WebSocketMode::default(),
         }
     }
 }
@@ -606,6 +623,14 @@ impl Default for SummarizationConfig {
                 .map(String::from)
                 .to_vec(),
             skills_container_path: "/mnt/skills".into(),
+            // Codex's workspace facts and AGENTS.md, each a user item at the head of its input.
+            pinned_context: [
+                "<environment_context>",
+                "<user_instructions>",
+                "# AGENTS.md instructions",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 }

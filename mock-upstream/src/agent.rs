@@ -1,0 +1,399 @@
+//! Agent mode (`--mode agent`): the mock plays the model behind a real coding agent (Claude Code
+//! on the Messages API, Codex on the Responses API), so the CLIs run a scripted loop of tool
+//! steps through compactor. Each step reads a file of `--agent-files` with the tool the client
+//! declared (Claude Code's `Read`, Codex's `exec` running `exec_command`), every third step two
+//! files at once where the client allows parallel calls, with thinking or a reasoning item first
+//! when the request asks for it. After `--agent-steps` steps it answers
+//! `AGENT-DONE steps=N`.
+//!
+//! The step is read back from the conversation itself: every call id the mock makes is
+//! `…agentstep_NN_K`, and the next step is one past the highest it finds in the body. A
+//! compacted request still holds the latest call verbatim, so the loop neither restarts nor
+//! skips however the history before it was summarized.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+/// The script: how many tool steps, which files they read.
+#[derive(Debug, Clone, Default)]
+pub struct AgentScript {
+    pub steps: u32,
+    /// Absolute paths, read in turn.
+    pub files: Vec<String>,
+}
+
+const STEP_MARK: &str = "agentstep_";
+
+impl AgentScript {
+    /// Lists the regular files of `dir`, sorted, as absolute paths.
+    pub fn new(steps: u32, dir: Option<&std::path::Path>) -> std::io::Result<AgentScript> {
+        let mut files = Vec::new();
+        if let Some(dir) = dir {
+            let dir = std::fs::canonicalize(dir)?;
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_file() {
+                    files.push(path.to_string_lossy().into_owned());
+                }
+            }
+            files.sort();
+        }
+        Ok(AgentScript { steps, files })
+    }
+
+    fn file(&self, index: usize) -> String {
+        match self.files.len() {
+            0 => "README.md".to_string(),
+            n => self.files[index % n].clone(),
+        }
+    }
+}
+
+/// One past the highest step named by a call id in the body; 1 for a new conversation.
+pub fn next_step(body: &[u8]) -> u32 {
+    let text = String::from_utf8_lossy(body);
+    let mut highest = 0;
+    let mut rest = text.as_ref();
+    while let Some(at) = rest.find(STEP_MARK) {
+        rest = &rest[at + STEP_MARK.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(step) = digits.parse::<u32>() {
+            highest = highest.max(step);
+        }
+    }
+    highest + 1
+}
+
+fn step_text(step: u32, files: &[String]) -> String {
+    format!(
+        "Step {step}: reading {} to follow the trail of the task.",
+        files.join(" and ")
+    )
+}
+
+/// What the agent does at this request: which files it reads, or that it is done.
+enum Move {
+    Read(Vec<String>),
+    Done(u32),
+    LostTools,
+}
+
+fn next_move(script: &AgentScript, body: &[u8], parallel: bool, tools: bool) -> (u32, Move) {
+    let step = next_step(body);
+    if step > script.steps {
+        return (step, Move::Done(script.steps));
+    }
+    // A model whose tool declarations were lost mid-run can only stop and say so.
+    if !tools {
+        return (step, Move::LostTools);
+    }
+    let first = (step as usize - 1) * 2;
+    let files = if parallel && step % 3 == 0 {
+        vec![script.file(first), script.file(first + 1)]
+    } else {
+        vec![script.file(first)]
+    };
+    (step, Move::Read(files))
+}
+
+fn event(kind: &str, data: Value) -> Bytes {
+    Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+}
+
+/// Messages: the blocks of this step's assistant turn and its stop reason.
+fn message_blocks(
+    script: &AgentScript,
+    request: &Value,
+    body: &[u8],
+) -> (Vec<Value>, &'static str) {
+    let tools: Vec<&str> = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|tool| tool.get("name").and_then(Value::as_str))
+        .collect();
+    let thinking = matches!(
+        request.pointer("/thinking/type").and_then(Value::as_str),
+        Some("enabled" | "adaptive")
+    );
+    let (step, action) = next_move(script, body, true, !tools.is_empty());
+    if step == 1 && tools.is_empty() {
+        // A side request of the client's own (a title, a summary): not part of the loop.
+        return (vec![json!({"type": "text", "text": "Noted."})], "end_turn");
+    }
+    let mut blocks = Vec::new();
+    if thinking {
+        let thought = format!("Step {step}: the next file should tell me more.");
+        blocks.push(json!({"type": "thinking", "thinking": thought,
+                           "signature": crate::anthropic::thinking_signature(&thought)}));
+    }
+    match action {
+        Move::Done(steps) => {
+            blocks.push(json!({"type": "text", "text": format!("AGENT-DONE steps={steps}")}));
+            (blocks, "end_turn")
+        }
+        Move::LostTools => {
+            let text = format!("AGENT-LOST-TOOLS at step {step}");
+            blocks.push(json!({"type": "text", "text": text}));
+            (blocks, "end_turn")
+        }
+        Move::Read(files) => {
+            blocks.push(json!({"type": "text", "text": step_text(step, &files)}));
+            let tool = if tools.contains(&"Read") {
+                "Read"
+            } else {
+                tools[0]
+            };
+            for (k, file) in files.iter().enumerate() {
+                blocks.push(
+                    json!({"type": "tool_use", "id": format!("toolu_{STEP_MARK}{step:02}_{k}"),
+                                   "name": tool, "input": {"file_path": file}}),
+                );
+            }
+            (blocks, "tool_use")
+        }
+    }
+}
+
+/// Messages: the whole message, or its typed event stream.
+pub fn message_reply(
+    script: &AgentScript,
+    request: &Value,
+    body: &[u8],
+    id: &str,
+    model: &str,
+) -> (Value, Vec<Bytes>) {
+    let (blocks, stop) = message_blocks(script, request, body);
+    let input_tokens = body.len() / 4;
+    let usage = json!({"input_tokens": input_tokens, "output_tokens": 40});
+    let message = json!({
+        "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+        "content": blocks, "stop_reason": stop, "stop_sequence": null, "usage": usage,
+    });
+    let mut events = vec![event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1}}}),
+    )];
+    for (index, block) in blocks.iter().enumerate() {
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+        let (start, deltas) = match kind {
+            "thinking" => (
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                vec![
+                    json!({"type": "thinking_delta", "thinking": block["thinking"]}),
+                    json!({"type": "signature_delta", "signature": block["signature"]}),
+                ],
+            ),
+            "tool_use" => (
+                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
+                vec![
+                    json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}),
+                ],
+            ),
+            _ => (
+                json!({"type": "text", "text": ""}),
+                vec![json!({"type": "text_delta", "text": block["text"]})],
+            ),
+        };
+        events.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": start}),
+        ));
+        for delta in deltas {
+            events.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            ));
+        }
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+               "usage": {"output_tokens": 40}}),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    (message, events)
+}
+
+/// Whether a Responses request offers a tool named `name`, at the top level or inside a
+/// namespace (Codex declares its tools in an `additional_tools` input item).
+fn offers_tool(request: &Value, name: &str) -> bool {
+    fn search(tools: &Value, name: &str) -> bool {
+        tools.as_array().into_iter().flatten().any(|tool| {
+            tool.get("name").and_then(Value::as_str) == Some(name)
+                || tool.get("tools").is_some_and(|nested| search(nested, name))
+        })
+    }
+    let in_items = request
+        .get("input")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item.get("tools"))
+        .any(|tools| search(tools, name));
+    in_items
+        || request
+            .get("tools")
+            .is_some_and(|tools| search(tools, name))
+}
+
+/// Responses: the output items of this step.
+fn response_items(script: &AgentScript, request: &Value, body: &[u8], id: &str) -> Vec<Value> {
+    let parallel = request
+        .get("parallel_tool_calls")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let exec = offers_tool(request, "exec");
+    let named = ["shell", "exec_command"]
+        .into_iter()
+        .find(|name| offers_tool(request, name));
+    let (step, action) = next_move(script, body, parallel, exec || named.is_some());
+    let mut items = Vec::new();
+    if request.get("reasoning").is_some_and(|r| !r.is_null()) {
+        items.push(
+            json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
+                          "encrypted_content": format!("enc-step-{step}")}),
+        );
+    }
+    let message = |text: String| {
+        json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    };
+    match action {
+        Move::Done(steps) => items.push(message(format!("AGENT-DONE steps={steps}"))),
+        Move::LostTools => items.push(message(format!("AGENT-LOST-TOOLS at step {step}"))),
+        Move::Read(files) => {
+            items.push(message(step_text(step, &files)));
+            for (k, file) in files.iter().enumerate() {
+                let call_id = format!("call_{STEP_MARK}{step:02}_{k}");
+                let item_id = format!("ctc_{id}_{k}");
+                if exec {
+                    let input = format!(
+                        "const r = await tools.exec_command({{cmd: {}}});\ntext(r.output);",
+                        json!(format!("cat {file}"))
+                    );
+                    items.push(
+                        json!({"type": "custom_tool_call", "id": item_id, "status": "completed",
+                                      "call_id": call_id, "name": "exec", "input": input}),
+                    );
+                } else {
+                    let name = named.unwrap_or("exec_command");
+                    let arguments = json!({"cmd": format!("cat {file}"), "command": ["cat", file]});
+                    items.push(json!({"type": "function_call", "id": item_id, "status": "completed",
+                                      "call_id": call_id, "name": name, "arguments": arguments.to_string()}));
+                }
+            }
+        }
+    }
+    items
+}
+
+/// Responses: the `response` object, or its typed event stream.
+pub fn response_reply(
+    script: &AgentScript,
+    request: &Value,
+    body: &[u8],
+    id: &str,
+    model: &str,
+) -> (Value, Vec<Bytes>) {
+    let items = response_items(script, request, body, id);
+    let input_tokens = body.len() / 4;
+    let response = |status: &str, output: Value, usage: Value| {
+        json!({"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000,
+               "status": status, "error": null, "incomplete_details": null, "model": model,
+               "output": output, "parallel_tool_calls": false, "tool_choice": "auto", "tools": [],
+               "usage": usage, "metadata": {}})
+    };
+    let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                       "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 0},
+                       "total_tokens": input_tokens + 40});
+    let done = response("completed", json!(items), usage);
+    let mut sequence = 0u64;
+    let mut typed = |kind: &str, mut data: Value| {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(sequence);
+        sequence += 1;
+        event(kind, data)
+    };
+    let mut events = vec![typed(
+        "response.created",
+        json!({"response": response("in_progress", json!([]), Value::Null)}),
+    )];
+    for (index, item) in items.iter().enumerate() {
+        let mut added = item.clone();
+        added["status"] = json!("in_progress");
+        if item["type"] == "message" {
+            added["content"] = json!([]);
+        }
+        events.push(typed(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        ));
+        if item["type"] == "message" {
+            let text = &item["content"][0]["text"];
+            events.push(typed("response.output_text.delta", json!({"item_id": item["id"], "output_index": index, "content_index": 0, "delta": text, "logprobs": []})));
+        }
+        events.push(typed(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+    }
+    events.push(typed("response.completed", json!({"response": done})));
+    (done, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_is_read_back_from_call_ids() {
+        assert_eq!(next_step(b"{}"), 1);
+        let body = br#"{"a":"toolu_agentstep_03_0","b":"call_agentstep_11_1","c":"agentstep_x"}"#;
+        assert_eq!(next_step(body), 12);
+    }
+
+    #[test]
+    fn messages_steps_read_files_then_finish() {
+        let script = AgentScript {
+            steps: 3,
+            files: vec!["/w/a".into(), "/w/b".into()],
+        };
+        let request = json!({"tools": [{"name": "Bash"}, {"name": "Read"}], "thinking": {"type": "adaptive"}});
+        let (blocks, stop) = message_blocks(&script, &request, b"{}");
+        assert_eq!(stop, "tool_use");
+        assert_eq!(blocks[0]["type"], "thinking");
+        assert_eq!(blocks[2]["name"], "Read");
+        assert_eq!(blocks[2]["input"]["file_path"], "/w/a");
+        let third = br#"{"id":"toolu_agentstep_02_0"}"#;
+        let (blocks, _) = message_blocks(&script, &request, third);
+        assert_eq!(blocks.iter().filter(|b| b["type"] == "tool_use").count(), 2);
+        let (blocks, stop) = message_blocks(&script, &request, br#"{"id":"toolu_agentstep_03_1"}"#);
+        assert_eq!(stop, "end_turn");
+        assert_eq!(blocks[1]["text"], "AGENT-DONE steps=3");
+    }
+
+    #[test]
+    fn codex_gets_exec_calls_from_its_namespaced_tools() {
+        let script = AgentScript {
+            steps: 2,
+            files: vec!["/w/a".into()],
+        };
+        let request = json!({"parallel_tool_calls": false, "reasoning": {"effort": "low"},
+            "input": [{"type": "additional_tools", "tools": [{"type": "namespace", "name": "functions", "tools": [{"type": "custom", "name": "exec"}]}]}]});
+        let items = response_items(&script, &request, br#"{"x":"call_agentstep_03_0"}"#, "1");
+        assert_eq!(items[0]["type"], "reasoning");
+        assert_eq!(items.len(), 2, "done: reasoning and the final message");
+        let items = response_items(&script, &request, b"{}", "1");
+        assert_eq!(items[2]["type"], "custom_tool_call");
+        assert!(items[2]["input"].as_str().unwrap().contains("cat /w/a"));
+    }
+}

@@ -1,0 +1,211 @@
+"""The real coding-agent CLIs, unchanged and with their default settings, through compactor.
+
+Claude Code (`claude -p`) on the Messages API and Codex (`codex exec`, its built-in provider) on
+the Responses API each run a scripted agent loop of 30 tool steps against the mock upstream in
+agent mode (it plays the model: file reads, parallel calls, thinking or reasoning first), which
+validates every request the way the provider does. Both CLIs come from the npm registry at the
+versions pinned in tests/agents/package.json (scripts/test.sh installs them).
+"""
+
+import json
+import os
+import re
+import subprocess
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN_DIR, ROOT, Process, start_compactor
+
+AGENTS = ROOT / "tests" / "agents" / "node_modules" / ".bin"
+STEPS = 30
+CLI_TIMEOUT_S = 300
+
+
+def cli(name):
+    path = AGENTS / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: scripts/test.sh installs the agent CLIs (npm ci in tests/agents)")
+    return str(path)
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def metric_total(compactor, name, **labels):
+    """The sum of `name`'s samples whose labels include `labels`."""
+    with urllib.request.urlopen(compactor.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(sample_labels.get(k) == v for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[-1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A git repository holding the notes the agent reads (about 11 KB each)."""
+    root = tmp_path_factory.mktemp("workspace")
+    notes = root / "notes"
+    notes.mkdir()
+    words = ["alpha", "kernel", "buffer", "socket", "parser", "window", "token", "summary", "cache"]
+    for i in range(12):
+        lines = [" ".join(words[(i * 7 + j * 3 + k) % len(words)] for k in range(14)) for j in range(120)]
+        (notes / f"notes{i:02d}.txt").write_text(f"# notes {i}\n" + "\n".join(lines) + "\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def agent_upstream(workspace):
+    process = Process(
+        [
+            str(BIN_DIR / "mock-upstream"),
+            "--listen",
+            "127.0.0.1:0",
+            "--mode",
+            "agent",
+            "--agent-steps",
+            str(STEPS),
+            "--agent-files",
+            str(workspace / "notes"),
+        ]
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(agent_upstream, summarizer):
+    """compactor as a user would run it for agents: a 30 000-token trigger, the last 6 messages
+    kept, everything else default (the notice included)."""
+    extra = (
+        "  - name: anthropic\n"
+        "    api: anthropic\n"
+        f"    base_url: {agent_upstream.url}/v1\n"
+        "  - name: summarizer\n"
+        f"    base_url: {summarizer.url}/v1\n"
+        '    models: ["summarizer-*"]\n'
+    )
+    summarization = textwrap.dedent(
+        """\
+        summarization:
+          enabled: true
+          upstream: summarizer
+          model_name: summarizer-model
+          trigger: [{type: tokens, value: 30000}]
+          keep: {type: messages, value: 6}
+        """
+    )
+    process = start_compactor(agent_upstream.url, summarization=summarization, extra=extra)
+    yield process
+    process.stop()
+
+
+def run(args, workspace, env):
+    home = workspace.parent / (workspace.name + "-home")
+    home.mkdir(exist_ok=True)
+    result = subprocess.run(
+        args,
+        cwd=workspace,
+        env={"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb", **env},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, f"{args[0]} failed: {result.stdout[-2000:]} {result.stderr[-2000:]}"
+    return result.stdout
+
+
+class Counts:
+    """How compaction and the upstream moved during one CLI run."""
+
+    def __init__(self, gateway, upstream):
+        self.gateway, self.upstream = gateway, upstream
+        self.start = self.read()
+
+    def read(self):
+        stats = get_json(self.upstream.url + "/mock/stats")
+        return {
+            "summarized": metric_total(self.gateway, "compactor_compactions_total", outcome="summarized"),
+            "reused": metric_total(self.gateway, "compactor_compactions_total", outcome="reused"),
+            "failed": metric_total(self.gateway, "compactor_compactions_total", outcome="failed"),
+            "rejections": stats["rejections"],
+            "answered": stats["answered"],
+            "last_rejection": stats["last_rejection"],
+        }
+
+    def delta(self):
+        now = self.read()
+        return {k: (now[k] - self.start[k] if k != "last_rejection" else now[k]) for k in now}
+
+
+def assert_compacted_run(moved, steps):
+    assert moved["rejections"] == 0, f"the upstream refused a request: {moved['last_rejection']}"
+    assert moved["answered"] >= steps + 1
+    assert moved["summarized"] >= 1, moved
+    assert moved["reused"] >= 1, moved
+    assert moved["failed"] == 0, moved
+
+
+def claude_env(gateway):
+    return {"ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": "sk-ant-test"}
+
+
+def test_claude_code_with_its_defaults_is_compacted_on_later_steps(gateway, agent_upstream, workspace):
+    counts = Counts(gateway, agent_upstream)
+    out = run([cli("claude"), "-p", "Investigate the notes and report what you find."], workspace, claude_env(gateway))
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert_compacted_run(counts.delta(), STEPS)
+
+    # The next session continues the same conversation, now far over the trigger.
+    counts = Counts(gateway, agent_upstream)
+    out = run([cli("claude"), "-p", "--continue", "Go on."], workspace, claude_env(gateway))
+    assert f"AGENT-DONE steps={STEPS}" in out
+    moved = counts.delta()
+    assert moved["rejections"] == 0, moved["last_rejection"]
+    assert moved["summarized"] + moved["reused"] >= 1, moved
+
+
+def codex(gateway, workspace, *args):
+    command = [cli("codex"), "exec", "-c", f"openai_base_url={gateway.url}/v1", *args]
+    return run(command, workspace, {"CODEX_API_KEY": "sk-test"})
+
+
+def test_codex_with_its_built_in_provider_is_compacted_on_later_steps(gateway, agent_upstream, workspace):
+    refused_before = metric_total(gateway, "compactor_requests_total", route="other", status="426")
+    counts = Counts(gateway, agent_upstream)
+    out = codex(gateway, workspace, "Investigate the notes and report what you find.")
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert_compacted_run(counts.delta(), STEPS)
+    # Its WebSocket transport was refused once with 426 and it went to HTTP straight away
+    # (a 404 makes it retry five times).
+    assert metric_total(gateway, "compactor_requests_total", route="other", status="426") - refused_before == 1
+
+    counts = Counts(gateway, agent_upstream)
+    out = codex(gateway, workspace, "resume", "--last", "Go on.")
+    assert f"AGENT-DONE steps={STEPS}" in out
+    moved = counts.delta()
+    assert moved["rejections"] == 0, moved["last_rejection"]
+    assert moved["summarized"] + moved["reused"] >= 1, moved
+
+
+def test_the_loop_runs_going_direct_too(agent_upstream, workspace):
+    """The same run straight at the mock: the loop and the validation hold without compactor."""
+    before = get_json(agent_upstream.url + "/mock/stats")["rejections"]
+    out = run(
+        [cli("claude"), "-p", "Investigate the notes."],
+        workspace,
+        {"ANTHROPIC_BASE_URL": agent_upstream.url, "ANTHROPIC_API_KEY": "sk-ant-test"},
+    )
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert get_json(agent_upstream.url + "/mock/stats")["rejections"] == before
