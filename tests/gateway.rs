@@ -403,6 +403,54 @@ async fn local_routes_and_unknown_paths() {
 }
 
 #[tokio::test]
+async fn a_websocket_upgrade_gets_426_so_the_client_falls_back_to_http_at_once() {
+    let mock = mock(MockOptions::default()).await;
+    let proxy = proxy(&config_for(&mock, "")).await;
+    // Codex's first request, as 0.171 sends it.
+    let upgrade = Request::get(proxy.url("/v1/responses"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "ZVKUZAyjPkCkgYczYac62g==")
+        .header("openai-beta", "responses_websockets=2026-02-06")
+        .body(Full::new(Bytes::new()))
+        .expect("req");
+    let refused = roundtrip(&client(), upgrade).await;
+    assert_eq!(refused.status, StatusCode::UPGRADE_REQUIRED);
+    assert_eq!(refused.json()["error"]["code"], "websocket_not_supported");
+    assert_eq!(
+        refused.headers["x-compactor-error"],
+        "websocket_not_supported"
+    );
+    assert!(mock.requests().is_empty(), "nothing reached the upstream");
+}
+
+#[tokio::test]
+async fn reachability_probes_outside_the_api_are_answered() {
+    let mock = mock(MockOptions::default()).await;
+    let proxy = proxy(&config_for(&mock, "")).await;
+    // Claude Code's probe before its first request.
+    for path in ["/api/hello", "/"] {
+        let probe = Request::head(proxy.url(path))
+            .body(Full::new(Bytes::new()))
+            .expect("req");
+        assert_eq!(
+            roundtrip(&client(), probe).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    let get = Request::get(proxy.url("/api/hello"))
+        .body(Full::new(Bytes::new()))
+        .expect("req");
+    assert_eq!(
+        roundtrip(&client(), get).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test]
 async fn graceful_shutdown_lets_an_open_stream_finish() {
     let headers = [("x-mock-chunks", "4"), ("x-mock-gate", "shutdown")];
     let (mock, proxy, _client, mut incoming) = open_stream("", &headers).await;

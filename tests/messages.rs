@@ -511,6 +511,10 @@ async fn native_compaction_and_token_counting_are_forwarded_byte_for_byte() {
         let response = send(&stack, "/v1/messages", sent.clone()).await;
         assert_eq!(response.status, StatusCode::OK, "{}", response.text());
         assert_eq!(compaction(&response), "skipped");
+        assert!(
+            response.headers.get("x-compactor-tokens-before").is_none(),
+            "nothing was counted"
+        );
         assert_eq!(stack.upstream.last_request().unwrap().body, sent.as_bytes());
     }
     let count = body(&messages, json!({}));
