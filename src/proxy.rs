@@ -361,6 +361,7 @@ impl Retry<'_, '_> {
             }
             _ => {
                 self.metrics.reactive_retry("failed");
+                *compacted = Some(again.refused_on_retry());
                 first(error, rest)
             }
         }

@@ -176,6 +176,69 @@ async fn every_providers_error_shape_is_recognised_and_its_limit_used() {
     assert_eq!(stack.chat.window_refusals(), 1);
 }
 
+/// A Codex-like run on the Responses API: a developer item, the task, then calls and outputs.
+fn responses_run(steps: usize) -> Vec<Value> {
+    let mut input = vec![
+        json!({"role": "developer", "content": "Work carefully."}),
+        json!({"role": "user", "content": "Find the bug."}),
+    ];
+    for step in 0..steps {
+        let id = format!("call_{step}");
+        input.push(json!({"type": "function_call", "call_id": id, "name": "exec_command", "arguments": "{\"cmd\":\"cat a.rs\"}"}));
+        input.push(json!({"type": "function_call_output", "call_id": id, "output": "fn step() { run(); }\n".repeat(20)}));
+    }
+    input
+}
+
+#[tokio::test]
+async fn an_error_without_numbers_still_teaches_the_window() {
+    let stack = windowed(2_000, "", "").await;
+    // OpenAI's Responses error names no limit; each later step is bigger than the one refused.
+    for steps in [16, 18, 20, 24, 28] {
+        let body = json!({"model": "gpt-5-codex", "instructions": "Be brief.", "input": responses_run(steps)});
+        let response = post(&stack.proxy, "/v1/responses", &body, &[]).await;
+        assert_eq!(response.status, 200, "{steps} steps: {}", response.text());
+        assert_ne!(outcome(&response), "skipped", "{steps} steps");
+        let forwarded = stack.chat.last_request().expect("forwarded");
+        assert!(mock_tokens(&forwarded.body) <= 2_000, "{steps} steps");
+    }
+    // Later steps are compacted before they are sent: not each one refused and retried.
+    // (The estimate counts fewer tokens than this upstream, so the first guess at the window
+    // can still be too large once; each refusal lowers it, never to a size already refused.)
+    let refused: Vec<u64> = stack
+        .chat
+        .requests()
+        .iter()
+        .map(|request| mock_tokens(&request.body))
+        .filter(|&tokens| tokens > 2_000)
+        .collect();
+    assert!(refused.len() <= 2, "refused: {refused:?}");
+    assert!(
+        refused.windows(2).all(|pair| pair[1] < pair[0]),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_refused_again_is_logged_and_counted_as_failed() {
+    // An upstream that refuses every size, with an error that names no limit: the compacted
+    // retry is refused too.
+    let stack = windowed(2_000, "", "").await;
+    let body = json!({"model": "gpt-4o-mini", "messages": chat_history(15, 400)});
+    let headers = [("x-mock-window", "1"), ("x-mock-window-style", "responses")];
+    let response = post(&stack.proxy, "/v1/chat/completions", &body, &headers).await;
+    assert_eq!(response.status, 400);
+    assert_eq!(response.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(outcome(&response), "failed");
+    let metrics = get(&stack.proxy.url("/metrics")).await.text();
+    for sample in [
+        r#"compactor_compactions_total{outcome="failed",reason="reactive_refused"} 1"#,
+        r#"compactor_reactive_retries_total{result="failed"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|line| line == sample), "{sample}");
+    }
+}
+
 #[tokio::test]
 async fn a_request_that_cannot_fit_gets_the_upstreams_error_unchanged() {
     let stack = windowed(2_000, "", "").await;

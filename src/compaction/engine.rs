@@ -98,6 +98,15 @@ pub struct CompactionRefused {
 }
 
 impl Compacted {
+    /// This compaction's retry was refused too: the client gets the upstream's first error,
+    /// and the log and headers say the compaction failed rather than that it answered.
+    pub fn refused_on_retry(mut self) -> Compacted {
+        self.outcome.kind = OutcomeKind::Failed;
+        self.outcome.reason = "reactive_refused";
+        self.notice = None;
+        self
+    }
+
     fn original(body: Bytes, outcome: Outcome) -> Compacted {
         Compacted {
             body,

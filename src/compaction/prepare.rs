@@ -341,8 +341,14 @@ impl Planner {
         let reserve = conversation.output_reserve;
         let under_failed = (estimated as f64 * UNSTATED_LIMIT_SHARE) as u64;
         let learned = learned_window(&reactive.overflow, estimated);
-        if let (Some(window), Some(name)) = (learned, conversation.model.as_deref()) {
-            self.windows.learn(name, window);
+        if let Some(name) = conversation.model.as_deref() {
+            match learned {
+                Some(window) => self.windows.learn(name, window),
+                // An error that states no limit (OpenAI's Responses API) still says the window
+                // is under what was just refused: later turns stay under what the retry aims
+                // at, never at a size that was refused.
+                None => self.windows.learn_at_most(name, under_failed),
+            }
         }
         let usable = match learned.or(token_model.max_input_tokens) {
             Some(window) => window.saturating_sub(reserve).min(under_failed),

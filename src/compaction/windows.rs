@@ -72,6 +72,15 @@ impl Windows {
         bounds
     }
 
+    /// Lowers the learned window of `model` to `window`, never raising it.
+    pub fn learn_at_most(&self, model: &str, window: u64) {
+        let lower = match self.learned.windows.get(model) {
+            Some(known) => known.min(window),
+            None => window,
+        };
+        self.learn(model, lower);
+    }
+
     pub fn learn(&self, model: &str, window: u64) {
         self.learned.windows.insert(model.to_string(), window);
         self.learned.smallest.fetch_min(window, Ordering::Relaxed);
