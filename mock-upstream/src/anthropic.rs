@@ -376,4 +376,39 @@ mod tests {
             {"role": "assistant", "content": [{"type": "thinking", "thinking": "changed", "signature": thinking_signature("t")}]}]))
         .contains("Invalid `signature`"));
     }
+
+    #[test]
+    fn system_turns_and_context_edits_follow_claude_codes_use() {
+        let messages = json!([
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": "# Environment"},
+            {"role": "assistant", "content": "a"},
+        ]);
+        let request = |extra: Value| {
+            let mut request = json!({"model": "m", "max_tokens": 8, "messages": messages});
+            if let (Some(r), Some(e)) = (request.as_object_mut(), extra.as_object()) {
+                r.extend(e.clone());
+            }
+            validate(&request)
+        };
+        assert_eq!(request(json!({})), Ok(()));
+        assert!(error(
+            json!([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}])
+        )
+        .contains("Input should be"));
+        assert!(error(json!([{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "user", "content": "again"}]))
+            .contains("alternate"));
+        let clear = json!({"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}});
+        assert!(request(clear.clone())
+            .unwrap_err()
+            .contains("requires thinking"));
+        let mut thinking = clear;
+        thinking["thinking"] = json!({"type": "adaptive"});
+        assert_eq!(request(thinking), Ok(()));
+        assert!(
+            request(json!({"context_management": {"edits": [{"type": "forget_everything"}]}}))
+                .unwrap_err()
+                .contains("unknown edit type")
+        );
+    }
 }

@@ -87,10 +87,10 @@ def summarizer():
     process.stop()
 
 
-def start_compacting(mock_upstream, summarizer, trigger):
-    """compactor with compaction on (`trigger` as YAML), 2 messages kept, summaries from
-    `summarizer`."""
-    extra = (
+def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams=""):
+    """compactor with compaction on (`trigger` as YAML), `keep` messages kept, summaries from
+    `summarizer`; `upstreams` adds upstream entries before the summarizer's."""
+    extra = upstreams + (
         "  - name: summarizer\n"
         f"    base_url: {summarizer.url}/v1\n"
         '    models: ["summarizer-*"]\n'
@@ -102,10 +102,10 @@ def start_compacting(mock_upstream, summarizer, trigger):
           upstream: summarizer
           model_name: summarizer-model
           trigger: {trigger}
-          keep: {{type: messages, value: 2}}
-          summary_max_tokens: 32
+          keep: {{type: messages, value: {keep}}}
+          summary_max_tokens: {summary_max_tokens}
         """
-    ).format(trigger=trigger)
+    ).format(trigger=trigger, keep=keep, summary_max_tokens=summary_max_tokens)
     return start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
 
 

@@ -11,13 +11,12 @@ import json
 import os
 import re
 import subprocess
-import textwrap
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN_DIR, ROOT, Process, start_compactor
+from conftest import BIN_DIR, ROOT, Process, start_compacting
 
 AGENTS = ROOT / "tests" / "agents" / "node_modules" / ".bin"
 STEPS = 30
@@ -87,25 +86,15 @@ def agent_upstream(workspace):
 def gateway(agent_upstream, summarizer):
     """compactor as a user would run it for agents: a 30 000-token trigger, the last 6 messages
     kept, everything else default (the notice included)."""
-    extra = (
-        "  - name: anthropic\n"
-        "    api: anthropic\n"
-        f"    base_url: {agent_upstream.url}/v1\n"
-        "  - name: summarizer\n"
-        f"    base_url: {summarizer.url}/v1\n"
-        '    models: ["summarizer-*"]\n'
+    anthropic = f"  - name: anthropic\n    api: anthropic\n    base_url: {agent_upstream.url}/v1\n"
+    process = start_compacting(
+        agent_upstream,
+        summarizer,
+        "[{type: tokens, value: 30000}]",
+        keep=6,
+        summary_max_tokens=1024,
+        upstreams=anthropic,
     )
-    summarization = textwrap.dedent(
-        """\
-        summarization:
-          enabled: true
-          upstream: summarizer
-          model_name: summarizer-model
-          trigger: [{type: tokens, value: 30000}]
-          keep: {type: messages, value: 6}
-        """
-    )
-    process = start_compactor(agent_upstream.url, summarization=summarization, extra=extra)
     yield process
     process.stop()
 

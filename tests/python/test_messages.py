@@ -86,7 +86,7 @@ def test_the_next_turn_reuses_the_summary_with_a_byte_identical_prefix(compactin
 
 
 @pytest.mark.parametrize("extra, messages", [
-    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, None),
+    ({"context_management": {"edits": [{"type": "compact_20260112"}]}}, None),
     ({}, [{"role": "user", "content": "go"},
           {"role": "assistant", "content": [{"type": "compaction", "content": "Earlier work."}]}]),
 ])
