@@ -601,7 +601,7 @@ impl<'a> Message<'a> {
 
     /// Whether this is a user or instruction message whose text begins with one of
     /// `patterns` (leading whitespace aside): pinned context a client sends, never summarized.
-    pub fn opens_with(&self, patterns: &[String]) -> bool {
+    pub fn opens_with(&self, patterns: &[PinnedText]) -> bool {
         if !matches!(self.role, Role::User | Role::System | Role::Developer) {
             return false;
         }
@@ -609,11 +609,9 @@ impl<'a> Message<'a> {
             return false;
         };
         // The raw JSON is searched first, so only a message that mentions a pattern is decoded.
-        let mentioned = patterns.iter().any(|pattern| {
-            let escaped = serde_json::to_string(pattern).unwrap_or_default();
-            let escaped = escaped.trim_matches('"');
-            !escaped.is_empty() && content.get().contains(escaped)
-        });
+        let mentioned = patterns
+            .iter()
+            .any(|pattern| content.get().contains(pattern.escaped.as_str()));
         if !mentioned {
             return false;
         }
@@ -621,7 +619,7 @@ impl<'a> Message<'a> {
         let text = text.trim_start();
         patterns
             .iter()
-            .any(|pattern| !pattern.is_empty() && text.starts_with(pattern.as_str()))
+            .any(|pattern| text.starts_with(pattern.text.as_str()))
     }
 
     /// The message's text content (string content, or its text parts joined).
@@ -641,6 +639,25 @@ impl<'a> Message<'a> {
                     .join("\n")
             }
         }
+    }
+}
+
+/// A text that pinned context begins with, and that text as it appears inside a JSON string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedText {
+    text: String,
+    escaped: String,
+}
+
+impl PinnedText {
+    /// None for an empty text, which would pin every message.
+    pub fn new(text: &str) -> Option<PinnedText> {
+        let quoted = serde_json::to_string(text).ok()?;
+        let escaped = quoted.get(1..quoted.len().saturating_sub(1))?.to_string();
+        (!text.is_empty()).then(|| PinnedText {
+            text: text.to_string(),
+            escaped,
+        })
     }
 }
 

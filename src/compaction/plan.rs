@@ -6,7 +6,7 @@
 //! [`super::rewrite::validate`] before a byte is sent.
 
 use super::clearing::{clear_outputs, Cleared};
-use super::conversation::{Api, Conversation, Role};
+use super::conversation::{Api, Conversation, PinnedText, Role};
 use super::digest::{prefix_chain, Digest};
 use super::skills::{skill_bundles, SkillBundle, SkillRescue};
 use super::structure::{validate_layout, Groups, Layout, Split};
@@ -79,7 +79,7 @@ pub struct PlanSettings {
     /// Text a client's context messages begin with (`<environment_context>`, …): such a
     /// message is never summarized, pinned with the system prompt at the start, kept verbatim
     /// after the summary elsewhere.
-    pub pinned_context: Vec<String>,
+    pub pinned_context: Vec<PinnedText>,
 }
 
 impl PlanSettings {
@@ -99,7 +99,11 @@ impl PlanSettings {
                 container_path: config.skills_container_path.clone(),
             },
             stages: Stages::from_config(config),
-            pinned_context: config.pinned_context.clone(),
+            pinned_context: config
+                .pinned_context
+                .iter()
+                .filter_map(|text| PinnedText::new(text))
+                .collect(),
         }
     }
 }
