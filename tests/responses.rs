@@ -161,22 +161,30 @@ fn codex_opening() -> Vec<Value> {
     ]
 }
 
+/// Sends `input`, which must come back summarized; the items forwarded upstream.
+async fn summarized_items(stack: &Stack, input: &[Value]) -> Vec<Value> {
+    let response = send(stack, body(input, json!({}))).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    assert_eq!(compaction(&response), "summarized");
+    let forwarded = stack.upstream.last_request().unwrap().json();
+    forwarded["input"].as_array().unwrap().clone()
+}
+
+fn is_summary(item: &Value) -> bool {
+    item["content"][0]["text"]
+        .as_str()
+        .is_some_and(|text| text.starts_with("Here is a summary"))
+}
+
 #[tokio::test]
 async fn codex_context_items_and_a_provider_compaction_are_never_summarized() {
     let stack = stack().await;
     // The opening stays first, byte for byte, however far the cut goes.
     let mut input = codex_opening();
     input.extend(agent_input(6).into_iter().skip(1));
-    let response = send(&stack, body(&input, json!({}))).await;
-    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
-    assert_eq!(compaction(&response), "summarized");
-    let forwarded = stack.upstream.last_request().unwrap().json();
-    let items = forwarded["input"].as_array().unwrap();
+    let items = summarized_items(&stack, &input).await;
     assert_eq!(&items[..4], &input[..4]);
-    assert!(items[4]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .starts_with("Here is a summary"));
+    assert!(is_summary(&items[4]));
     let prompt = stack.summarizer.last_request().unwrap().json()["messages"][0]["content"]
         .as_str()
         .unwrap()
@@ -189,10 +197,7 @@ async fn codex_context_items_and_a_provider_compaction_are_never_summarized() {
     let moved = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>/w/sub</cwd>\n</environment_context>"}]});
     run.insert(6, moved.clone());
     input.extend(run);
-    let response = send(&stack, body(&input, json!({}))).await;
-    assert_eq!(compaction(&response), "summarized");
-    let forwarded = stack.upstream.last_request().unwrap().json();
-    let items = forwarded["input"].as_array().unwrap();
+    let items = summarized_items(&stack, &input).await;
     assert_eq!(&items[..4], &input[..4]);
     assert_eq!(items[5], moved);
 
@@ -202,16 +207,9 @@ async fn codex_context_items_and_a_provider_compaction_are_never_summarized() {
     input.push(json!({"role": "user", "content": "first task"}));
     input.push(json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque-history"}));
     input.extend(agent_input(6).into_iter().skip(1));
-    let response = send(&stack, body(&input, json!({}))).await;
-    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
-    assert_eq!(compaction(&response), "summarized");
-    let forwarded = stack.upstream.last_request().unwrap().json();
-    let items = forwarded["input"].as_array().unwrap();
+    let items = summarized_items(&stack, &input).await;
     assert_eq!(&items[..6], &input[..6]);
-    assert!(items[6]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .starts_with("Here is a summary"));
+    assert!(is_summary(&items[6]));
 }
 
 #[tokio::test]
