@@ -42,6 +42,7 @@ struct Shared {
     next_id: AtomicU64,
     /// One reload at a time.
     reloading: Mutex<()>,
+    relay_limits: crate::relay::RelayLimits,
 }
 
 /// One worker's pools, and the generation they were built for.
@@ -69,6 +70,12 @@ impl App {
             metrics,
             next_id: AtomicU64::new(1),
             reloading: Mutex::new(()),
+            relay_limits: crate::relay::RelayLimits {
+                slots: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections)),
+                idle_timeout: std::time::Duration::from_secs_f64(
+                    config.limits.idle_connection_timeout_secs,
+                ),
+            },
         });
         Ok(App {
             shared,
@@ -142,6 +149,12 @@ impl App {
     /// The metrics, to be held by a request until its body ends.
     pub fn metrics_handle(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
+    }
+
+    /// Open WebSocket relays are bounded apart from connections (a relayed socket has left
+    /// the connection that opened it).
+    pub fn relay_limits(&self) -> &crate::relay::RelayLimits {
+        &self.shared.relay_limits
     }
 
     pub fn buffer_budget(&self) -> &BufferBudget {

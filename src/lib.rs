@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod notice;
 pub mod operate;
 pub mod proxy;
+pub mod relay;
 pub mod routing;
 pub mod server;
 pub mod telemetry;

@@ -24,6 +24,7 @@ use crate::compaction::failure::CompactionFailure;
 use crate::compaction::overflow::{self, may_be_overflow};
 use crate::compaction::prepare::Reactive;
 use crate::compaction::scope::Caller;
+use crate::config::WebSocketMode;
 use crate::error::{ErrorShape, ProxyError};
 use crate::headers::{strip_hop_by_hop, strip_own, CREDENTIALS};
 use crate::inbound::{read_whole, BodyFault, BufferBudget, GuardedBody, ReadError};
@@ -94,13 +95,26 @@ async fn proxy(
         });
     };
     let rest = rest.to_string();
-    if is_websocket_upgrade(request.headers()) {
+    let upgrade = is_websocket_upgrade(request.headers());
+    if upgrade && config.websocket == WebSocketMode::Refuse {
         return Err(ProxyError::UpgradeRefused);
     }
     let query = request.uri().query().map(str::to_string);
     let (parts, incoming) = request.into_parts();
     let key = authenticate(&generation.auth, &parts.headers)?;
     log.key = key.map(|k| k.name.clone());
+    if upgrade {
+        return relay_upgrade(
+            app,
+            current,
+            &rest,
+            query.as_deref(),
+            parts,
+            key.is_some(),
+            log,
+        )
+        .await;
+    }
     let api = match rest.as_str() {
         _ if parts.method != Method::POST => None,
         "/chat/completions" => Some(Api::ChatCompletions),
@@ -240,6 +254,33 @@ async fn proxy(
         log.compaction = Some(result.outcome);
     }
     Ok(response)
+}
+
+/// `websocket: relay`: the upgrade goes to the upstream of the path's API, with the client's
+/// credential replaced as on any request.
+async fn relay_upgrade(
+    app: &App,
+    current: &Current,
+    rest: &str,
+    query: Option<&str>,
+    mut parts: http::request::Parts,
+    with_key: bool,
+    log: &mut RequestLog,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let upstream = current
+        .upstreams
+        .route(None, api_of(rest))
+        .ok_or_else(|| ProxyError::NoUpstream(String::new()))?;
+    log.upstream = Some(upstream.label.clone());
+    if with_key {
+        for name in CREDENTIALS {
+            parts.headers.remove(name);
+        }
+    }
+    let uri = upstream
+        .url_for(rest, query)
+        .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
+    crate::relay::relay(upstream, uri, parts, app.relay_limits()).await
 }
 
 /// The error a client gets when `fail_mode: closed` refuses a request compaction could not fix.

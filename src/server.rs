@@ -202,7 +202,7 @@ async fn serve_connection(
     };
     let connection = serving
         .builder
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let mut finishing = false;
     loop {

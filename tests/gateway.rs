@@ -426,6 +426,79 @@ async fn a_websocket_upgrade_gets_426_so_the_client_falls_back_to_http_at_once()
 }
 
 #[tokio::test]
+async fn with_websocket_relay_the_upgraded_socket_is_joined_to_the_upstreams_byte_for_byte() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = mock(MockOptions::default()).await;
+    let yaml = config_for(
+        &mock,
+        "websocket: relay\nlimits:\n  idle_connection_timeout_secs: 0.3\n",
+    );
+    let proxy = proxy(&yaml).await;
+    let mut socket = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    socket
+        .write_all(
+            b"GET /v1/responses?x=1 HTTP/1.1\r\nhost: compactor\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\
+              sec-websocket-version: 13\r\nsec-websocket-key: ZVKUZAyjPkCkgYczYac62g==\r\n\
+              authorization: Bearer sk-client\r\nx-mock-upgrade: echo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(BOUND, socket.read(&mut byte))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read, 1, "the connection closed before the response head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("sec-websocket-accept: mock-accept"), "{head}");
+    let upgrade = mock
+        .last_request()
+        .expect("the upgrade reached the upstream");
+    assert_eq!(upgrade.path_and_query, "/v1/responses?x=1");
+    assert_eq!(upgrade.headers["upgrade"], "websocket");
+    assert_eq!(
+        upgrade.headers["sec-websocket-key"],
+        "ZVKUZAyjPkCkgYczYac62g=="
+    );
+    assert_eq!(upgrade.headers["authorization"], "Bearer sk-client");
+
+    // A WebSocket frame (masked text "hello") goes up and comes back untouched.
+    let frame = [
+        0x81,
+        0x85,
+        1,
+        2,
+        3,
+        4,
+        b'h' ^ 1,
+        b'e' ^ 2,
+        b'l' ^ 3,
+        b'l' ^ 4,
+        b'o' ^ 1,
+    ];
+    socket.write_all(&frame).await.unwrap();
+    let mut echoed = [0u8; 11];
+    tokio::time::timeout(BOUND, socket.read_exact(&mut echoed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(echoed, frame);
+
+    // Silent for longer than the idle timeout: the relay closes the socket.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(BOUND, socket.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok() && rest.is_empty(),
+        "closed without a byte more"
+    );
+}
+
+#[tokio::test]
 async fn reachability_probes_outside_the_api_are_answered() {
     let mock = mock(MockOptions::default()).await;
     let proxy = proxy(&config_for(&mock, "")).await;

@@ -305,7 +305,7 @@ pub async fn start(addr: &str, options: MockOptions) -> std::io::Result<MockHand
                 }
             });
             let connection = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .into_owned();
             tokio::spawn(connection);
         }
@@ -353,7 +353,7 @@ async fn serve_request(
     options: Arc<MockOptions>,
     request: Request<Incoming>,
 ) -> Result<Response<MockBody>, Infallible> {
-    let (parts, incoming) = request.into_parts();
+    let (mut parts, incoming) = request.into_parts();
     let body = match incoming.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => {
@@ -380,6 +380,11 @@ async fn serve_request(
             headers: parts.headers.clone(),
             body: body.clone(),
         });
+    }
+    if header_str(&parts.headers, "x-mock-upgrade") == Some("echo") {
+        if let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+            return Ok(echo_upgrade(on_upgrade));
+        }
     }
     if let Some(key) = path.strip_prefix("/mock/gates/") {
         gate(&state, key).notify_one();
@@ -623,6 +628,37 @@ async fn serve_request(
         http::HeaderValue::from_static("no-cache"),
     );
     Ok(response)
+}
+
+/// `x-mock-upgrade: echo`: switches protocols and sends back every byte it gets, so a relay
+/// can be checked byte for byte without a WebSocket implementation on either end.
+fn echo_upgrade(on_upgrade: hyper::upgrade::OnUpgrade) -> Response<MockBody> {
+    tokio::spawn(async move {
+        if let Ok(upgraded) = on_upgrade.await {
+            let (mut read, mut write) = tokio::io::split(TokioIo::new(upgraded));
+            let _ = tokio::io::copy(&mut read, &mut write).await;
+        }
+    });
+    let mut response = full(
+        StatusCode::SWITCHING_PROTOCOLS,
+        "application/octet-stream",
+        "",
+    );
+    let headers = response.headers_mut();
+    headers.remove(http::header::CONTENT_TYPE);
+    headers.insert(
+        http::header::UPGRADE,
+        http::HeaderValue::from_static("websocket"),
+    );
+    headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("upgrade"),
+    );
+    headers.insert(
+        "sec-websocket-accept",
+        http::HeaderValue::from_static("mock-accept"),
+    );
+    response
 }
 
 /// Records a stream dropped before its end (the client, or the proxy, went away).

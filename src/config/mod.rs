@@ -74,7 +74,8 @@ pub struct Config {
     /// Reloading this file while serving.
     pub reload: ReloadConfig,
     /// WebSocket upgrades (the Responses API's WebSocket transport, which Codex tries first):
-    /// `refuse` answers 426 so the client falls back to HTTP at once and is compacted.
+    /// `refuse` answers 426 so the client falls back to HTTP at once and is compacted; `relay`
+    /// passes them to the upstream, and what travels on the socket is not compacted.
     pub websocket: WebSocketMode,
 }
 
@@ -85,6 +86,8 @@ pub enum WebSocketMode {
     /// 426 Upgrade Required, in the API's error shape.
     #[default]
     Refuse,
+    /// Passed to the upstream; after its 101 the two connections are joined byte for byte.
+    Relay,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
