@@ -136,16 +136,18 @@ fn run_shared(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>) 
                 return ExitCode::from(2);
             }
         };
-        let slots = start_up(&app, listener.local_addr().ok(), 1);
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        // Signals are registered before the address is announced (see `shutdown_signal`).
         let operator = tokio::spawn(operate::run(
             app.clone(),
             path.to_path_buf(),
             loaded,
             stopping,
         ));
+        let terminated = server::shutdown_signal();
+        let slots = start_up(&app, listener.local_addr().ok(), 1);
         let shutdown = async {
-            server::shutdown_signal().await;
+            terminated.await;
             let _ = stop.send(true);
         };
         server::serve_on(listener, app, shutdown, slots).await;
@@ -172,9 +174,29 @@ fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>
             return ExitCode::from(2);
         }
     };
+    // Signals, reloads and the admin listener run on a runtime of their own so no worker
+    // carries them. Their handlers are registered before the address is announced (see
+    // `shutdown_signal`).
+    let signals = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("compactor: cannot wait for signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let (operator, terminated) = {
+        let _inside = signals.enter();
+        (
+            operate::run(app.clone(), path.to_path_buf(), loaded, stopping.clone()),
+            server::shutdown_signal(),
+        )
+    };
     let addr = listeners.first().and_then(|l| l.local_addr().ok());
     let slots = start_up(&app, addr, workers);
-    let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut threads = Vec::with_capacity(workers);
     for (index, listener) in listeners.into_iter().enumerate() {
         let worker_app = match app.for_worker() {
@@ -207,28 +229,12 @@ fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>
             }
         }
     }
-    // Signals, reloads and the admin listener run on a runtime of their own so no worker
-    // carries them.
-    let signals = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    match signals {
-        Ok(runtime) => runtime.block_on(async {
-            let operator = tokio::spawn(operate::run(
-                app.clone(),
-                path.to_path_buf(),
-                loaded,
-                stopping,
-            ));
-            server::shutdown_signal().await;
-            let _ = stop.send(true);
-            let _ = operator.await;
-        }),
-        Err(e) => {
-            eprintln!("compactor: cannot wait for signals: {e}");
-            let _ = stop.send(true);
-        }
-    }
+    signals.block_on(async {
+        let operator = tokio::spawn(operator);
+        terminated.await;
+        let _ = stop.send(true);
+        let _ = operator.await;
+    });
     let mut code = ExitCode::SUCCESS;
     for thread in threads {
         match thread.join() {

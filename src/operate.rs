@@ -20,12 +20,25 @@ use crate::proxy::local_route;
 
 /// The operator's side until `stopping` turns true: the admin listener when configured, and
 /// reloads.
-/// `loaded` is the fingerprint of the file as it was read at start-up.
-pub async fn run(
+/// `loaded` is the fingerprint of the file as it was read at start-up. SIGHUP is registered
+/// when this is called (inside a runtime), so call it before the address is announced: a SIGHUP
+/// that arrives before registration ends the process.
+pub fn run(
     app: Arc<App>,
     path: PathBuf,
     loaded: Option<[u8; 32]>,
     stopping: watch::Receiver<bool>,
+) -> impl Future<Output = ()> {
+    let hangups = Hangups::register();
+    operate(app, path, loaded, stopping, hangups)
+}
+
+async fn operate(
+    app: Arc<App>,
+    path: PathBuf,
+    loaded: Option<[u8; 32]>,
+    stopping: watch::Receiver<bool>,
+    hangups: Hangups,
 ) {
     let stopped = |mut stopping: watch::Receiver<bool>| async move {
         let _ = stopping.wait_for(|stop| *stop).await;
@@ -47,26 +60,54 @@ pub async fn run(
             Err(e) => tracing::error!("cannot listen on admin.listen {listen}: {e}"),
         }
     }
-    reload_until(&app, &path, loaded, stopped(stopping)).await;
+    reload_until(&app, &path, loaded, hangups, stopped(stopping)).await;
+}
+
+/// SIGHUP, registered when made.
+pub struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    /// Must run inside a runtime.
+    pub fn register() -> Self {
+        #[cfg(unix)]
+        {
+            let signal = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            {
+                Ok(signal) => Some(signal),
+                Err(e) => {
+                    tracing::warn!("cannot listen for SIGHUP, reload by signal is off: {e}");
+                    None
+                }
+            };
+            Self { signal }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(signal) = self.signal.as_mut() {
+            signal.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Reloads `path` into `app` on SIGHUP, and when its content changes (from `loaded`, its
 /// fingerprint when last read) while `reload.watch` is on, until `shutdown` resolves.
-pub async fn reload_until(
+async fn reload_until(
     app: &App,
     path: &Path,
     loaded: Option<[u8; 32]>,
+    mut hangups: Hangups,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    #[cfg(unix)]
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(signal) => Some(signal),
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGHUP, reload by signal is off: {e}");
-            None
-        }
-    };
     let mut seen = loaded;
     loop {
         let reload = app.config().reload.clone();
@@ -79,17 +120,7 @@ pub async fn reload_until(
                 std::future::pending::<()>().await;
             }
         };
-        #[cfg(unix)]
-        let hangup = async {
-            match hangups.as_mut() {
-                Some(signal) => {
-                    signal.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hangup = std::future::pending::<()>();
+        let hangup = hangups.next();
         tokio::select! {
             () = &mut shutdown => return,
             () = hangup => {

@@ -182,6 +182,35 @@ async fn sighup(child: &tokio::process::Child) {
     assert!(sent.success());
 }
 
+#[tokio::test]
+async fn a_sighup_right_after_the_announcement_reloads_in_both_runtime_modes() {
+    let upstream = echo_mock().await;
+    for mode in ["per_core", "shared"] {
+        let config = |key: &str| {
+            format!(
+                "listen: 127.0.0.1:0\nruntime:\n  mode: {mode}\nupstreams:\n  - name: mock\n    base_url: {}\n    api_key: {key}\n",
+                upstream.base_url()
+            )
+        };
+        let file = write_config(&config("key-one"));
+        let (mut child, addr, mut lines) = start(file.path()).await;
+        std::fs::write(file.path(), config("key-two")).unwrap();
+        // No request first: the signal lands as early as a script that waits for the
+        // announcement can send it.
+        sighup(&child).await;
+        wait_for_line(&mut lines, "configuration reloaded").await;
+        let url = format!("http://{addr}/v1/chat/completions");
+        let response = roundtrip(&client(), json_request(&url, chat_body("hi", false), &[])).await;
+        assert_eq!(response.status, 200, "{mode}");
+        assert_eq!(
+            upstream.last_request().unwrap().headers["authorization"],
+            "Bearer key-two",
+            "{mode}"
+        );
+        let _ = child.kill().await;
+    }
+}
+
 fn reloadable_config(upstream: &str, summarizer: &str, key: &str, trigger: u64) -> String {
     format!(
         "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {upstream}\n    api_key: {key}\n  - name: summarizer\n    base_url: {summarizer}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: {trigger}}}]\n  keep: {{type: messages, value: 2}}\n"
