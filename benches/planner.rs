@@ -5,14 +5,14 @@
 
 use std::hint::black_box;
 
-use compactor::compaction::conversation::{Api, Conversation};
-use compactor::compaction::messages;
-use compactor::compaction::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::responses::{self, Parsed};
-use compactor::compaction::rewrite::{rewrite, summary_item, summary_message, Splice};
-use compactor::compaction::size_bound::{provably_under, ModelBounds};
-use compactor::compaction::summary_input::{self, InputSettings};
-use compactor::compaction::tokens::{ModelTable, TokenModel};
+use compactor::compaction::front_ends::messages;
+use compactor::compaction::front_ends::responses::{self, Parsed};
+use compactor::compaction::planner::conversation::{Api, Conversation};
+use compactor::compaction::planner::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
+use compactor::compaction::planner::rewrite::{rewrite, summary_item, summary_message, Splice};
+use compactor::compaction::planner::size_bound::{provably_under, ModelBounds};
+use compactor::compaction::planner::tokens::{ModelTable, TokenModel};
+use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::config::{
     ContextSize, Oversize, SummarizationConfig, SummaryPlacement, SummaryRole,
 };

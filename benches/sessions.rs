@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use compactor::compaction::conversation::Api;
 use compactor::compaction::engine::CompactionEngine;
+use compactor::compaction::planner::conversation::Api;
 use compactor::compaction::scope::Caller;
-use compactor::compaction::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
 use compactor::compaction::OutcomeKind;
 use compactor::config::Config;
 use http::HeaderMap;

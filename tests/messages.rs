@@ -5,12 +5,12 @@
 mod common;
 
 use common::*;
-use compactor::compaction::conversation::Api;
-use compactor::compaction::messages;
-use compactor::compaction::plan::{plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::responses::Parsed;
-use compactor::compaction::rewrite::{Splice, SUMMARY_PREFIX};
-use compactor::compaction::tokens::TokenModel;
+use compactor::compaction::front_ends::messages;
+use compactor::compaction::front_ends::responses::Parsed;
+use compactor::compaction::planner::conversation::Api;
+use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};
+use compactor::compaction::planner::rewrite::{Splice, SUMMARY_PREFIX};
+use compactor::compaction::planner::tokens::TokenModel;
 use compactor::config::{ContextSize, SummaryPlacement, SummaryRole};
 use http::StatusCode;
 use mock_upstream::anthropic::{thinking_signature, validate};
@@ -284,12 +284,12 @@ fn thinking_of_the_latest_assistant_turn_is_forwarded_byte_for_byte() {
     };
     let tokens = conversation.message_tokens(&TokenModel::default());
     let indices: Vec<usize> = (0..conversation.messages.len()).collect();
-    let input = compactor::compaction::summary_input::select(
+    let input = compactor::compaction::summaries::summary_input::select(
         &conversation,
         &indices,
         &tokens,
         None,
-        &compactor::compaction::summary_input::InputSettings {
+        &compactor::compaction::summaries::summary_input::InputSettings {
             budget: None,
             oversize: compactor::config::Oversize::Trim,
             max_calls: 1,

@@ -1,15 +1,15 @@
 //! The planner's cases, from the reference's own tests and bugs, in the OpenAI format.
 
-use compactor::compaction::conversation::Conversation;
-use compactor::compaction::digest::Digest;
-use compactor::compaction::plan::{
+use compactor::compaction::planner::conversation::Conversation;
+use compactor::compaction::planner::digest::Digest;
+use compactor::compaction::planner::plan::{
     plan, CachedSummary, Decision, NoCache, Plan, PlanSettings, SummaryLookup,
 };
-use compactor::compaction::rewrite::{rewrite, summary_message};
-use compactor::compaction::skills::SkillRescue;
-use compactor::compaction::structure::{validate, Layout};
-use compactor::compaction::summary_input::{self, InputSettings};
-use compactor::compaction::tokens::TokenModel;
+use compactor::compaction::planner::rewrite::{rewrite, summary_message};
+use compactor::compaction::planner::skills::SkillRescue;
+use compactor::compaction::planner::structure::{validate, Layout};
+use compactor::compaction::planner::tokens::TokenModel;
+use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::config::{ContextSize, Oversize, SummaryRole};
 use serde_json::{json, Value};
 
@@ -313,7 +313,7 @@ fn under_every_trigger_passes_through_without_looking_at_the_cache() {
     assert!(!plan.cache_consulted);
     // One message more reaches the messages trigger (>=) and the cache is consulted.
     let over = settings_with_trigger(ContextSize::Messages(3));
-    let plan = compactor::compaction::plan::plan(
+    let plan = compactor::compaction::planner::plan::plan(
         &conversation,
         &over,
         &TokenModel::default(),
@@ -348,7 +348,7 @@ fn fraction_triggers_use_the_window_less_the_output_reserve() {
             ContextSize::Messages(1),
             None,
         );
-        compactor::compaction::plan::over_trigger(&conversation, &settings, &model).0
+        compactor::compaction::planner::plan::over_trigger(&conversation, &settings, &model).0
     };
     assert!(check(800, json!({})));
     assert!(!check(799, json!({})));
@@ -364,7 +364,7 @@ fn fraction_triggers_use_the_window_less_the_output_reserve() {
         None,
     );
     assert!(
-        !compactor::compaction::plan::over_trigger(
+        !compactor::compaction::planner::plan::over_trigger(
             &conversation,
             &settings,
             &TokenModel::default()

@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use compactor::compaction::conversation::Api;
 use compactor::compaction::engine::CompactionEngine;
+use compactor::compaction::planner::conversation::Api;
 use compactor::compaction::scope::Caller;
-use compactor::compaction::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
 use compactor::compaction::OutcomeKind;
 use compactor::config::Config;
 use http::{HeaderMap, HeaderValue, StatusCode};

@@ -6,11 +6,11 @@
 
 use std::collections::HashMap;
 
-use compactor::compaction::conversation::Conversation;
-use compactor::compaction::plan::{plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::rewrite::{rewrite, summary_message};
-use compactor::compaction::summary_input::{self, InputSettings};
-use compactor::compaction::tokens::TokenModel;
+use compactor::compaction::planner::conversation::Conversation;
+use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};
+use compactor::compaction::planner::rewrite::{rewrite, summary_message};
+use compactor::compaction::summaries::summary_input::{self, InputSettings};
+use compactor::compaction::planner::tokens::TokenModel;
 use compactor::config::{ContextSize, Oversize, SummarizationConfig, SummaryRole};
 use libfuzzer_sys::fuzz_target;
 use serde_json::value::RawValue;

@@ -1,7 +1,7 @@
 //! Why compaction was needed but could not be applied.
 
-use super::budget::Refusal;
-use super::summarizer::SummaryError;
+use crate::compaction::summaries::budget::Refusal;
+use crate::compaction::summaries::summarizer::SummaryError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CompactionFailure {

@@ -6,23 +6,23 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::cache::{CacheKey, ScopedLookup, Shared, SummaryCache};
-use super::clearing::Cleared;
-use super::conversation::{Api, Conversation};
-use super::digest::hash_parts;
-use super::messages;
-use super::overflow::Overflow;
-use super::plan::{
+use crate::compaction::front_ends::messages;
+use crate::compaction::front_ends::responses::{self, Parsed};
+use crate::compaction::overflow::Overflow;
+use crate::compaction::planner::clearing::Cleared;
+use crate::compaction::planner::conversation::{Api, Conversation};
+use crate::compaction::planner::digest::hash_parts;
+use crate::compaction::planner::plan::{
     self, CachedSummary, Decision, Mode, Plan, PlanSettings, SharedTier, SummaryLookup,
 };
-use super::responses::{self, Parsed};
-use super::rewrite::{apply_cleared, RewriteError, Splice};
-use super::scope::{fingerprint, Credentials, Scope};
-use super::structure::Layout;
-use super::summary_input::{self, InputSettings};
-use super::tokens::TokenModel;
-use super::windows::{learned_window, Windows};
-use super::{CacheUse, Outcome, OutcomeKind};
+use crate::compaction::planner::rewrite::{apply_cleared, RewriteError, Splice};
+use crate::compaction::planner::structure::Layout;
+use crate::compaction::planner::tokens::TokenModel;
+use crate::compaction::scope::{fingerprint, Credentials, Scope};
+use crate::compaction::summaries::cache::{CacheKey, ScopedLookup, Shared, SummaryCache};
+use crate::compaction::summaries::summary_input::{self, InputSettings};
+use crate::compaction::windows::{learned_window, Windows};
+use crate::compaction::{CacheUse, Outcome, OutcomeKind};
 use crate::config::{Config, SummarizationConfig};
 
 /// The prompt's own words and the previous summary's framing, besides the transcript.

@@ -4,7 +4,7 @@
 
 use http::header::{HeaderMap, HeaderValue};
 
-use super::digest::{hash_parts, Digest};
+use crate::compaction::planner::digest::{hash_parts, Digest};
 use crate::config::SummarizationConfig;
 use crate::headers::CREDENTIALS;
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use quick_cache::sync::Cache;
 
-use super::overflow::Overflow;
-use super::size_bound::ModelBounds;
-use super::tokens::{ModelTable, TokenModel};
+use crate::compaction::overflow::Overflow;
+use crate::compaction::planner::size_bound::ModelBounds;
+use crate::compaction::planner::tokens::{ModelTable, TokenModel};
 use crate::config::ModelConfig;
 
 /// Model names whose learned window is remembered; past it the least used are forgotten.

@@ -4,10 +4,10 @@
 
 use std::ops::Range;
 
-use super::clearing::Cleared;
-use super::conversation::Role;
-use super::conversation::{Api, Conversation};
-use super::structure::{validate_layout, Layout, ValidationError};
+use crate::compaction::planner::clearing::Cleared;
+use crate::compaction::planner::conversation::Role;
+use crate::compaction::planner::conversation::{Api, Conversation};
+use crate::compaction::planner::structure::{validate_layout, Layout, ValidationError};
 use crate::config::{SummaryPlacement, SummaryRole};
 
 /// The text before the summary, as the reference writes it.

@@ -3,14 +3,14 @@
 //! Given a parsed request, settings and (through [`SummaryLookup`]) the summary cache, it decides
 //! to pass through, to reuse a cached summary, or to summarize a precise set of messages, and
 //! which messages stay verbatim and where. Everything it returns is checked again by
-//! [`super::rewrite::validate`] before a byte is sent.
+//! [`crate::compaction::planner::rewrite::validate`] before a byte is sent.
 
-use super::clearing::{clear_outputs, Cleared};
-use super::conversation::{Api, Conversation, PinnedText, Role};
-use super::digest::{prefix_chain, Digest};
-use super::skills::{skill_bundles, SkillBundle, SkillRescue};
-use super::structure::{validate_layout, Groups, Layout, Split};
-use super::tokens::TokenModel;
+use crate::compaction::planner::clearing::{clear_outputs, Cleared};
+use crate::compaction::planner::conversation::{Api, Conversation, PinnedText, Role};
+use crate::compaction::planner::digest::{prefix_chain, Digest};
+use crate::compaction::planner::skills::{skill_bundles, SkillBundle, SkillRescue};
+use crate::compaction::planner::structure::{validate_layout, Groups, Layout, Split};
+use crate::compaction::planner::tokens::TokenModel;
 use crate::config::{ContextSize, Stage, SummarizationConfig};
 
 /// At most this many prefixes of a conversation are asked of a shared tier (the longest).

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::conversation::{Message, Role};
+use crate::compaction::planner::conversation::{Message, Role};
 
 /// Where the conversation is cut and what stays verbatim.
 #[derive(Debug, Clone, PartialEq)]
@@ -201,7 +201,7 @@ mod tests {
 
     fn check(body: &str) -> Result<(), ValidationError> {
         let conversation =
-            super::super::conversation::Conversation::parse(body.as_bytes()).unwrap();
+            crate::compaction::planner::conversation::Conversation::parse(body.as_bytes()).unwrap();
         validate(conversation.messages.iter())
     }
 

@@ -14,8 +14,8 @@ use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
 
-use super::plan::PlanSettings;
-use super::tokens::{ModelTable, PER_MESSAGE_OVERHEAD};
+use crate::compaction::planner::plan::PlanSettings;
+use crate::compaction::planner::tokens::{ModelTable, PER_MESSAGE_OVERHEAD};
 use crate::config::ContextSize;
 
 /// What every model the table can pick has in common, for the bound: the fewest characters per
@@ -146,8 +146,8 @@ fn has_escaped_ascii_letter(body: &[u8], escape: &Finder<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::conversation::Conversation;
-    use crate::compaction::plan::over_trigger;
+    use crate::compaction::planner::conversation::Conversation;
+    use crate::compaction::planner::plan::over_trigger;
     use crate::config::{ModelConfig, SummarizationConfig};
     use proptest::prelude::*;
     use serde_json::json;

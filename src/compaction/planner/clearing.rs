@@ -9,10 +9,10 @@
 
 use std::collections::HashMap;
 
-use super::conversation::{value_tokens, Api, Conversation, Message};
-use super::messages;
-use super::responses;
-use super::tokens::TokenModel;
+use crate::compaction::front_ends::messages;
+use crate::compaction::front_ends::responses;
+use crate::compaction::planner::conversation::{value_tokens, Api, Conversation, Message};
+use crate::compaction::planner::tokens::TokenModel;
 
 /// One message with some of its tool outputs replaced.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,9 +112,9 @@ fn cleared_copy(
 mod tests {
     use serde_json::json;
 
-    use super::super::conversation::Conversation;
-    use super::super::responses::Parsed;
     use super::*;
+    use crate::compaction::front_ends::responses::Parsed;
+    use crate::compaction::planner::conversation::Conversation;
 
     fn chat(messages: serde_json::Value) -> String {
         json!({"model": "m", "messages": messages}).to_string()

@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::conversation::{
+use crate::compaction::planner::conversation::{
     object_span, offset_in, raw_members, string_value, Conversation, Message, ParseError, ToolCall,
 };
 
@@ -212,7 +212,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.tools,
         view.instructions.filter(|raw| raw.get() != "null"),
         view.max_output_tokens.unwrap_or(0),
-        super::conversation::Api::Responses,
+        crate::compaction::planner::conversation::Api::Responses,
     )))
 }
 
@@ -222,7 +222,7 @@ enum Unplannable {
 }
 
 /// One item read on its own (a copy made by a stage), as [`parse`] reads each item.
-pub(super) fn parse_item(raw: &str) -> Option<Message<'_>> {
+pub(in crate::compaction) fn parse_item(raw: &str) -> Option<Message<'_>> {
     let fields: ItemFields<'_> = serde_json::from_str(raw).ok()?;
     item_message(raw, ItemView::of(&fields)).ok()
 }
@@ -232,7 +232,7 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
         vec![ToolCall {
             id,
             name,
-            arguments_raw: arguments.map(super::conversation::Json::of),
+            arguments_raw: arguments.map(crate::compaction::planner::conversation::Json::of),
         }]
     };
     let required = |value: Option<Cow<'a, str>>, what: &str| {
@@ -346,8 +346,8 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
 mod tests {
     use serde_json::json;
 
-    use super::super::structure::{validate, Groups};
     use super::*;
+    use crate::compaction::planner::structure::{validate, Groups};
 
     fn conversation(body: &str) -> Conversation<'_> {
         match parse(body.as_bytes()).unwrap() {
@@ -359,17 +359,17 @@ mod tests {
     fn plan_of(
         conversation: &Conversation<'_>,
         trigger: crate::config::ContextSize,
-    ) -> super::super::plan::Plan {
-        let settings = super::super::plan::PlanSettings {
+    ) -> crate::compaction::planner::plan::Plan {
+        let settings = crate::compaction::planner::plan::PlanSettings {
             triggers: vec![trigger],
-            ..super::super::plan::PlanSettings::from_config(&Default::default())
+            ..crate::compaction::planner::plan::PlanSettings::from_config(&Default::default())
         };
-        super::super::plan::plan(
+        crate::compaction::planner::plan::plan(
             conversation,
             &settings,
             &Default::default(),
             false,
-            &mut super::super::plan::NoCache,
+            &mut crate::compaction::planner::plan::NoCache,
         )
     }
 
@@ -533,7 +533,8 @@ mod tests {
         let body = json!({"model": "m", "instructions": "be brief", "input": input}).to_string();
         let conversation = conversation(&body);
         let plan = plan_of(&conversation, crate::config::ContextSize::Tokens(2_000));
-        let super::super::plan::Decision::Summarize { layout, .. } = plan.decision else {
+        let crate::compaction::planner::plan::Decision::Summarize { layout, .. } = plan.decision
+        else {
             panic!("expected a summary: {:?}", plan.decision);
         };
         assert_eq!(layout.head, 1, "the developer item stays pinned");
@@ -558,16 +559,17 @@ mod tests {
         // The instructions are sent with every request, so they count.
         assert!(conversation.schema_tokens(&model) >= 200);
         let plan = plan_of(&conversation, crate::config::ContextSize::Tokens(1_500));
-        let super::super::plan::Decision::Summarize { layout, .. } = plan.decision else {
+        let crate::compaction::planner::plan::Decision::Summarize { layout, .. } = plan.decision
+        else {
             panic!("expected a summary: {:?}", plan.decision);
         };
         assert_eq!(layout.head, 0);
-        let splice = super::super::rewrite::Splice::new(
+        let splice = crate::compaction::planner::rewrite::Splice::new(
             &conversation,
             &layout,
             crate::config::SummaryRole::User,
             crate::config::SummaryPlacement::Auto,
-            super::super::conversation::Api::Responses,
+            crate::compaction::planner::conversation::Api::Responses,
         )
         .unwrap();
         let out: serde_json::Value = serde_json::from_slice(&splice.apply(
@@ -644,10 +646,10 @@ mod tests {
                 proptest::prop_assert!(validate(messages[cut..].iter()).is_ok(), "cut {cut}");
             }
             let plan = plan_of(&conversation, crate::config::ContextSize::Messages(6));
-            if let super::super::plan::Decision::Summarize { layout, .. } = plan.decision {
+            if let crate::compaction::planner::plan::Decision::Summarize { layout, .. } = plan.decision {
                 proptest::prop_assert!(groups.valid_cut[layout.cut]);
                 proptest::prop_assert!(
-                    super::super::structure::validate_layout(messages, &layout).is_ok()
+                    crate::compaction::planner::structure::validate_layout(messages, &layout).is_ok()
                 );
                 // Kept items are the request's own bytes.
                 for message in &messages[layout.cut..] {

@@ -22,11 +22,11 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::conversation::{
+use crate::compaction::front_ends::responses::Parsed;
+use crate::compaction::planner::conversation::{
     object_span, offset_in, raw_members, string_value, Conversation, Json, Message, ParseError,
     Role, ToolCall, ToolOutput,
 };
-use super::responses::Parsed;
 
 #[derive(Deserialize)]
 struct RequestView<'a> {
@@ -170,7 +170,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.tools,
         view.system.filter(|raw| raw.get() != "null"),
         view.max_tokens.unwrap_or(0),
-        super::conversation::Api::Messages,
+        crate::compaction::planner::conversation::Api::Messages,
     )))
 }
 
@@ -180,7 +180,7 @@ enum Unplannable {
 }
 
 /// One message read on its own (a copy made by a stage), as [`parse`] reads each message.
-pub(super) fn parse_message(raw: &str) -> Option<Message<'_>> {
+pub(in crate::compaction) fn parse_message(raw: &str) -> Option<Message<'_>> {
     let fields: MessageFields<'_> = serde_json::from_str(raw).ok()?;
     message(raw, &fields).ok()
 }
@@ -255,8 +255,8 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
 mod tests {
     use serde_json::json;
 
-    use super::super::structure::{validate, Groups};
     use super::*;
+    use crate::compaction::planner::structure::{validate, Groups};
 
     fn conversation(body: &str) -> Conversation<'_> {
         match parse(body.as_bytes()).unwrap() {

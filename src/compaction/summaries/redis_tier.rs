@@ -22,8 +22,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo, Value};
 use tokio::sync::OnceCell;
 
-use super::cache::CacheKey;
-use super::plan::CachedSummary;
+use crate::compaction::planner::plan::CachedSummary;
+use crate::compaction::summaries::cache::CacheKey;
 use crate::config::RedisConfig;
 use crate::metrics::Metrics;
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
-use super::digest::Digest;
-use super::plan::{CachedSummary, SharedTier, SummaryLookup};
-use super::scope::Scope;
+use crate::compaction::planner::digest::Digest;
+use crate::compaction::planner::plan::{CachedSummary, SharedTier, SummaryLookup};
+use crate::compaction::scope::Scope;
 
 pub type CacheKey = [u8; 32];
 

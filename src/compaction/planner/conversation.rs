@@ -9,7 +9,9 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::tokens::{json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD};
+use crate::compaction::planner::tokens::{
+    json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD,
+};
 
 /// A raw JSON value as it appears in the request (a slice of its bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +23,7 @@ impl<'a> Json<'a> {
     }
 
     /// A slice a front-end already knows to be one JSON value of the body.
-    pub(super) fn of(raw: &'a str) -> Json<'a> {
+    pub(in crate::compaction) fn of(raw: &'a str) -> Json<'a> {
         Json(raw)
     }
 
@@ -103,7 +105,7 @@ struct MessageFields<'a> {
 /// Reads one JSON object's members with every value taken raw (a slice of the body, unknown
 /// members too), handing each key and value to `member`; returns the first and the last value,
 /// which locate the object's braces ([`object_span`]). None for an empty object.
-pub(super) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
+pub(in crate::compaction) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
     map: &mut A,
     mut member: impl FnMut(&str, &'de str),
 ) -> Result<Option<(&'de str, &'de str)>, A::Error> {
@@ -122,7 +124,7 @@ pub(super) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
 
 /// A member name borrowed from the body unless it has escapes (serde's own `Cow<str>` always
 /// copies, which cost a third of the parse).
-pub(super) struct MemberKey<'de>(pub(super) Cow<'de, str>);
+pub(in crate::compaction) struct MemberKey<'de>(pub(in crate::compaction) Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for MemberKey<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -332,7 +334,7 @@ impl<'a> Conversation<'a> {
 
     /// A conversation read by another API's front-end: `messages` are its items mapped onto
     /// the message view, `messages_span` the byte range of the array holding them.
-    pub(super) fn from_parts(
+    pub(in crate::compaction) fn from_parts(
         body: &'a [u8],
         model: Option<Cow<'a, str>>,
         messages: Vec<Message<'a>>,
@@ -378,7 +380,7 @@ impl<'a> Conversation<'a> {
 }
 
 /// Byte offset of `inner` (a subslice of `outer`) within `outer`.
-pub(super) fn offset_in(outer: &str, inner: &str) -> usize {
+pub(in crate::compaction) fn offset_in(outer: &str, inner: &str) -> usize {
     (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize)
 }
 
@@ -419,7 +421,7 @@ fn skip_ws_back(bytes: &[u8], mut end: usize) -> usize {
 /// The byte range of the object whose first member's value starts at `first` and whose last
 /// member's value ends at `last_end`, in text serde has already validated: back over
 /// `"key" :` to the `{`, forward over whitespace to the `}`.
-pub(super) fn object_span(
+pub(in crate::compaction) fn object_span(
     text: &str,
     first: usize,
     last_end: usize,
@@ -519,7 +521,7 @@ impl<'a> Message<'a> {
 
     /// One item of another API, already taken apart by its front-end; `raw` is its bytes.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn from_item(
+    pub(in crate::compaction) fn from_item(
         raw: &'a str,
         role_text: Cow<'a, str>,
         content: Option<&'a str>,
@@ -682,7 +684,7 @@ pub(crate) struct PartView<'a> {
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.
-pub(super) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
+pub(in crate::compaction) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
     if !raw.starts_with('"') {
         return None;
     }
@@ -697,7 +699,7 @@ pub(super) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
 /// Adds the characters of a content value: a string, or an array of parts (text counted,
 /// images flat, anything else by its JSON size so nothing is free).
 /// Tokens of one content value (a string or an array of parts), as a message counts it.
-pub(super) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
+pub(in crate::compaction) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
     let (mut chars, mut images) = (CharCount::default(), 0);
     content_chars(Json(raw), &mut chars, &mut images);
     model.tokens(chars) + images * model.image_tokens

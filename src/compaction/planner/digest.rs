@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use super::conversation::Message;
+use crate::compaction::planner::conversation::Message;
 
 pub type Digest = [u8; 32];
 
@@ -249,7 +249,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
         // Values are written to one scratch buffer as they come, then emitted by sorted key.
         let mut values = Vec::new();
         let mut members: Vec<(Cow<'de, str>, std::ops::Range<usize>)> = Vec::new();
-        while let Some(super::conversation::MemberKey(key)) = map.next_key()? {
+        while let Some(crate::compaction::planner::conversation::MemberKey(key)) = map.next_key()? {
             let start = values.len();
             map.next_value_seed(Canonical(&mut values))?;
             members.push((key, start..values.len()));
@@ -272,7 +272,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::conversation::Conversation;
+    use crate::compaction::planner::conversation::Conversation;
 
     fn digests(body: &str) -> Vec<Digest> {
         let conversation = Conversation::parse(body.as_bytes()).unwrap();

@@ -1,8 +1,8 @@
 //! Skill reads (DESIGN.md §2.5): tool-call groups that read files under the skills container,
 //! which the planner may keep verbatim instead of summarizing.
 
-use super::conversation::Conversation;
-use super::structure::Groups;
+use crate::compaction::planner::conversation::Conversation;
+use crate::compaction::planner::structure::Groups;
 
 #[derive(Debug, Clone)]
 /// The rescue settings: how many skill groups, and how large, may stay verbatim.
@@ -55,7 +55,7 @@ pub fn skill_bundles(
         let results: Vec<usize> = (start..=groups.end[start])
             .filter(|&i| i != start && groups.start[i] == start)
             .collect();
-        let is_skill_call = |call: &&crate::compaction::conversation::ToolCall<'_>| {
+        let is_skill_call = |call: &&crate::compaction::planner::conversation::ToolCall<'_>| {
             skills.tool_names.iter().any(|n| n == call.name.as_ref())
                 && skill_path(&call.arguments(), &skills.container_path).is_some()
         };

@@ -1,0 +1,4 @@
+//! One front-end per API.
+
+pub mod messages;
+pub mod responses;

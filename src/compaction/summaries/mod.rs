@@ -1,0 +1,9 @@
+//! Making and keeping summaries: the summarizer's prompt and call, what it may cost, one call
+//! per prefix, and the sticky cache with its shared tier.
+
+pub mod budget;
+pub mod cache;
+pub mod redis_tier;
+pub mod single_flight;
+pub mod summarizer;
+pub mod summary_input;
