@@ -3,13 +3,17 @@
 //! and the summarizer's input for a summarize decision; the parse + count and plan + rewrite
 //! again for the same agent run as a Responses request and as a Messages request.
 
+use compactor::compaction::front_ends::chat;
 use std::hint::black_box;
 
+use compactor::compaction::front_ends::chat::summary_message;
 use compactor::compaction::front_ends::messages;
-use compactor::compaction::front_ends::responses::{self, Parsed};
-use compactor::compaction::planner::conversation::{Api, Conversation};
+use compactor::compaction::front_ends::responses;
+use compactor::compaction::front_ends::responses::summary_item;
+use compactor::compaction::front_ends::Parsed;
+use compactor::compaction::planner::conversation::Conversation;
 use compactor::compaction::planner::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::planner::rewrite::{rewrite, summary_item, summary_message, Splice};
+use compactor::compaction::planner::rewrite::{rewrite, Splice};
 use compactor::compaction::planner::size_bound::{provably_under, ModelBounds};
 use compactor::compaction::planner::tokens::{ModelTable, TokenModel};
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
@@ -155,8 +159,7 @@ fn benches(c: &mut Criterion) {
             &body,
             |b, body| {
                 b.iter(|| {
-                    let conversation =
-                        Conversation::parse(black_box(body.as_bytes())).expect("parses");
+                    let conversation = chat::parse(black_box(body.as_bytes())).expect("parses");
                     black_box(over_trigger(&conversation, &under, &model))
                 })
             },
@@ -185,8 +188,7 @@ fn benches(c: &mut Criterion) {
             &body,
             |b, body| {
                 b.iter(|| {
-                    let conversation =
-                        Conversation::parse(black_box(body.as_bytes())).expect("parses");
+                    let conversation = chat::parse(black_box(body.as_bytes())).expect("parses");
                     let plan = plan(&conversation, &over, &model, false, &mut NoCache);
                     let Decision::Summarize { layout, .. } = plan.decision else {
                         panic!("expected a summarize plan");
@@ -246,7 +248,6 @@ fn benches(c: &mut Criterion) {
                         &layout,
                         SummaryRole::User,
                         SummaryPlacement::Auto,
-                        Api::Messages,
                     )
                     .expect("valid");
                     black_box(splice.apply(body.as_bytes(), &summary_text, SummaryRole::User))
@@ -255,7 +256,7 @@ fn benches(c: &mut Criterion) {
         );
         // What a summarize decision adds: the transcript of the evicted messages as shipped
         // (folded into at most 4 calls of 24 000 tokens, the budget without a known window).
-        let conversation = Conversation::parse(body.as_bytes()).expect("parses");
+        let conversation = chat::parse(body.as_bytes()).expect("parses");
         let planned = plan(&conversation, &over, &model, false, &mut NoCache);
         let Decision::Summarize { to_summarize, .. } = planned.decision else {
             panic!("expected a summarize plan");

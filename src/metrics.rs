@@ -19,6 +19,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use wildmatch::WildMatch;
 
+use crate::compaction::front_ends::Api;
+
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
 use crate::config::Config;
 use crate::usage::Usage;
@@ -55,9 +57,8 @@ pub type Name = Arc<str>;
 /// The route a request took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Route {
-    ChatCompletions,
-    Responses,
-    Messages,
+    /// A model call on an API compactor reads.
+    Api(Api),
     /// Another path forwarded upstream.
     #[default]
     Other,
@@ -68,9 +69,7 @@ pub enum Route {
 impl Route {
     pub fn label(self) -> &'static str {
         match self {
-            Route::ChatCompletions => "chat_completions",
-            Route::Responses => "responses",
-            Route::Messages => "messages",
+            Route::Api(api) => api.label(),
             Route::Other => "other",
             Route::Local => "local",
         }
@@ -78,10 +77,7 @@ impl Route {
 
     /// Whether it is a model call the GenAI metrics describe.
     pub fn is_generation(self) -> bool {
-        matches!(
-            self,
-            Route::ChatCompletions | Route::Responses | Route::Messages
-        )
+        matches!(self, Route::Api(_))
     }
 }
 
@@ -684,7 +680,7 @@ mod tests {
     fn a_disabled_registry_counts_nothing() {
         let metrics = Metrics::new(false);
         metrics.finished(&Finished {
-            route: Route::ChatCompletions,
+            route: Route::Api(Api::ChatCompletions),
             status: 200,
             upstream: None,
             model: None,

@@ -20,8 +20,8 @@ use crate::auth::{Auth, AuthFailure, ClientKey};
 use crate::body::{self, prefixed, ProxyBody, UpstreamBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::failure::CompactionFailure;
+use crate::compaction::front_ends::Api;
 use crate::compaction::overflow::{self, may_be_overflow};
-use crate::compaction::planner::conversation::Api;
 use crate::compaction::prepare::Reactive;
 use crate::compaction::scope::Caller;
 use crate::config::WebSocketMode;
@@ -115,19 +115,10 @@ async fn proxy(
         )
         .await;
     }
-    let api = match rest.as_str() {
-        _ if parts.method != Method::POST => None,
-        "/chat/completions" => Some(Api::ChatCompletions),
-        "/responses" => Some(Api::Responses),
-        "/messages" => Some(Api::Messages),
-        _ => None,
-    };
-    log.route = match api {
-        Some(Api::ChatCompletions) => Route::ChatCompletions,
-        Some(Api::Responses) => Route::Responses,
-        Some(Api::Messages) => Route::Messages,
-        None => Route::Other,
-    };
+    let api = Some(rest.as_str())
+        .filter(|_| parts.method == Method::POST)
+        .and_then(Api::for_path);
+    log.route = api.map_or(Route::Other, Route::Api);
     let compacting = api.is_some() && generation.compaction.is_some();
     let family = api_of(&rest);
 

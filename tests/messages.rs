@@ -6,8 +6,7 @@ mod common;
 
 use common::*;
 use compactor::compaction::front_ends::messages;
-use compactor::compaction::front_ends::responses::Parsed;
-use compactor::compaction::planner::conversation::Api;
+use compactor::compaction::front_ends::Parsed;
 use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::planner::rewrite::{Splice, SUMMARY_PREFIX};
 use compactor::compaction::planner::tokens::TokenModel;
@@ -108,7 +107,6 @@ fn compacted(body: &str, settings: &PlanSettings) -> Option<String> {
         &layout,
         SummaryRole::User,
         SummaryPlacement::Auto,
-        Api::Messages,
     )
     .expect("splices");
     Some(String::from_utf8(splice.apply(body.as_bytes(), "S", SummaryRole::User)).unwrap())

@@ -1,11 +1,12 @@
 //! The planner's cases, from the reference's own tests and bugs, in the OpenAI format.
 
-use compactor::compaction::planner::conversation::Conversation;
+use compactor::compaction::front_ends::chat;
+use compactor::compaction::front_ends::chat::summary_message;
 use compactor::compaction::planner::digest::Digest;
 use compactor::compaction::planner::plan::{
     plan, CachedSummary, Decision, NoCache, Plan, PlanSettings, SummaryLookup,
 };
-use compactor::compaction::planner::rewrite::{rewrite, summary_message};
+use compactor::compaction::planner::rewrite::rewrite;
 use compactor::compaction::planner::skills::SkillRescue;
 use compactor::compaction::planner::structure::{validate, Layout};
 use compactor::compaction::planner::tokens::TokenModel;
@@ -67,7 +68,7 @@ fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>
 }
 
 fn run(body: &str, settings: &PlanSettings) -> Plan {
-    let conversation = Conversation::parse(body.as_bytes()).expect("parses");
+    let conversation = chat::parse(body.as_bytes()).expect("parses");
     plan(
         &conversation,
         settings,
@@ -90,7 +91,7 @@ fn summarize_layout(plan: &Plan) -> (&Layout, &Vec<usize>) {
 
 /// The rewritten request's messages (after the summary is filled in).
 fn rewritten(body: &str, layout: &Layout) -> Vec<Value> {
-    let conversation = Conversation::parse(body.as_bytes()).unwrap();
+    let conversation = chat::parse(body.as_bytes()).unwrap();
     let out = rewrite(
         &conversation,
         layout,
@@ -124,7 +125,7 @@ fn cut_on_a_tool_result_moves_back_to_its_assistant() {
     assert_eq!(layout.cut, 1);
     assert_eq!(summarized, &vec![0]);
 
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     let tokens = conversation.message_tokens(&TokenModel::default());
     let from_tool_b: u64 = tokens[3..].iter().sum();
     let by_tokens = run(
@@ -289,7 +290,7 @@ impl SummaryLookup for CountingLookup {
 #[test]
 fn under_every_trigger_passes_through_without_looking_at_the_cache() {
     let text = body(&[system("s"), user("hello"), assistant("hi")]);
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     let settings = settings(
         vec![ContextSize::Tokens(1000), ContextSize::Messages(10)],
         ContextSize::Messages(2),
@@ -342,7 +343,7 @@ fn fraction_triggers_use_the_window_less_the_output_reserve() {
             request.as_object_mut().unwrap().extend(map);
         }
         let text = request.to_string();
-        let conversation = Conversation::parse(text.as_bytes()).unwrap();
+        let conversation = chat::parse(text.as_bytes()).unwrap();
         let settings = settings(
             vec![ContextSize::Fraction(0.8)],
             ContextSize::Messages(1),
@@ -357,7 +358,7 @@ fn fraction_triggers_use_the_window_less_the_output_reserve() {
     assert!(!check(719, json!({"max_completion_tokens": 100})));
     // No known window: the entry is skipped, never an error.
     let text = body(&[message_of(5000)]);
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     let settings = settings(
         vec![ContextSize::Fraction(0.5)],
         ContextSize::Messages(1),
@@ -481,7 +482,7 @@ fn skill_conversation(second_path: &str) -> Vec<Value> {
 fn rescued_contents(text: &str, settings: &PlanSettings) -> Vec<String> {
     let plan = run(text, settings);
     let (layout, summarized) = summarize_layout(&plan);
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     for i in &layout.excluded {
         assert!(!summarized.contains(i));
     }
@@ -511,7 +512,7 @@ fn skill_reads_are_rescued_newest_first_within_budgets() {
     // Count zero disables.
     assert!(rescued_contents(&text, &skill_settings(0, 10_000, 10_000)).is_empty());
     // Total budget fits one group only: the newest, the older one is skipped.
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     let tokens = conversation.message_tokens(&TokenModel::default());
     let one_group = tokens[4] + tokens[5];
     assert_eq!(
@@ -572,7 +573,7 @@ fn a_window_without_any_user_message_still_gets_a_summarizer_input() {
         user("next"),
     ];
     let text = body(&messages);
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     let tokens = conversation.message_tokens(&TokenModel::default());
     let input = summary_input::select(
         &conversation,
@@ -603,7 +604,7 @@ fn other_fields_keep_their_bytes_and_order() {
         ),
     );
     let (layout, _) = summarize_layout(&plan);
-    let conversation = Conversation::parse(text.as_bytes()).unwrap();
+    let conversation = chat::parse(text.as_bytes()).unwrap();
     let out = String::from_utf8(
         rewrite(
             &conversation,
@@ -655,7 +656,7 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
     messages.push(assistant("answer"));
     messages.push(user("follow-up"));
     let next = body(&messages);
-    let conversation = Conversation::parse(next.as_bytes()).unwrap();
+    let conversation = chat::parse(next.as_bytes()).unwrap();
     let second = plan(
         &conversation,
         &settings,
@@ -674,7 +675,7 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
         messages.push(user(&format!("again {i}")));
     }
     let later = body(&messages);
-    let conversation = Conversation::parse(later.as_bytes()).unwrap();
+    let conversation = chat::parse(later.as_bytes()).unwrap();
     let third = plan(
         &conversation,
         &settings,
@@ -789,7 +790,7 @@ mod properties {
         #[test]
         fn plans_are_always_valid_and_stable(messages in conversation(), settings in any_settings()) {
             let text = body(&messages);
-            let conversation = Conversation::parse(text.as_bytes()).unwrap();
+            let conversation = chat::parse(text.as_bytes()).unwrap();
             prop_assert!(validate(conversation.messages.iter()).is_ok());
             let first = plan(&conversation, &settings, &TokenModel::default(), false, &mut NoCache);
             let Decision::Summarize { layout, to_summarize, .. } = &first.decision else {
@@ -848,7 +849,7 @@ mod properties {
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
-            if let Ok(conversation) = Conversation::parse(&bytes) {
+            if let Ok(conversation) = chat::parse(&bytes) {
                 let settings = settings(vec![ContextSize::Messages(1)], ContextSize::Messages(1), Some(0.75));
                 let _ = plan(&conversation, &settings, &TokenModel::default(), false, &mut NoCache);
             }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::*;
 use compactor::compaction::engine::CompactionEngine;
-use compactor::compaction::planner::conversation::Api;
+use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
 use compactor::compaction::OutcomeKind;

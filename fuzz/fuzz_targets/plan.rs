@@ -4,11 +4,13 @@
 //! tool result answers an earlier call (every call answered, but for a final pending turn).
 #![no_main]
 
+use compactor::compaction::front_ends::chat;
 use std::collections::HashMap;
 
 use compactor::compaction::planner::conversation::Conversation;
 use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::planner::rewrite::{rewrite, summary_message};
+use compactor::compaction::front_ends::chat::summary_message;
+use compactor::compaction::planner::rewrite::rewrite;
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::compaction::planner::tokens::TokenModel;
 use compactor::config::{ContextSize, Oversize, SummarizationConfig, SummaryRole};
@@ -73,7 +75,7 @@ fn oracle(input: &Conversation<'_>, output: &[u8], summary: &str) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(conversation) = Conversation::parse(data) else {
+    let Ok(conversation) = chat::parse(data) else {
         return;
     };
     let base = PlanSettings::from_config(&SummarizationConfig::default());

@@ -14,10 +14,10 @@ use tracing::Instrument;
 
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
+use crate::compaction::front_ends::chat::{parse_message, summary_message};
+use crate::compaction::front_ends::Api;
 use crate::compaction::offload::{CpuPool, Offloaded};
-use crate::compaction::planner::conversation::{Api, Message};
 use crate::compaction::planner::plan::CachedSummary;
-use crate::compaction::planner::rewrite::summary_message;
 use crate::compaction::planner::size_bound::provably_under;
 use crate::compaction::planner::structure::Split;
 use crate::compaction::planner::tokens::TokenModel;
@@ -257,10 +257,10 @@ impl CompactionEngine {
                 Outcome::uncounted("disabled_by_header"),
             ));
         }
-        // The size bound counts `"role"` literals to bound the message count; Responses items
-        // need not have one, so their bodies always take the full count. Summaries made ahead
-        // start below the trigger, so the bound is then proved against that share of it.
-        if reactive.is_none() && control != Control::Force && api != Api::Responses {
+        // Summaries made ahead start below the trigger, so the bound is then proved against
+        // that share of it.
+        let front_end = api.front_end();
+        if reactive.is_none() && control != Control::Force && front_end.size_bound_applies() {
             let settings = planner.settings_for(caller.key).0;
             let share = planner.config.precompute_at.unwrap_or(1.0);
             if provably_under(&body, settings, &planner.windows.bounds(), share) {
@@ -269,8 +269,7 @@ impl CompactionEngine {
             }
         }
         let notice_mode = match control::notice_mode(headers, planner.config.notice) {
-            // A chat-completion chunk means nothing in a typed Responses or Messages stream.
-            NoticeMode::Chunk if api != Api::ChatCompletions => NoticeMode::Comment,
+            NoticeMode::Chunk if !front_end.notice_chunk_fits() => NoticeMode::Comment,
             mode => mode,
         };
         let credentials = Credentials::of(caller, headers);
@@ -854,7 +853,7 @@ fn compacted_message(outcome: &Outcome) -> String {
 
 fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) -> u64 {
     let json = summary_message(text, config.summary_role);
-    Message::parse(&json)
+    parse_message(&json)
         .map(|m| m.tokens(model))
         .unwrap_or(u64::MAX)
 }

@@ -6,11 +6,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::compaction::front_ends::messages;
-use crate::compaction::front_ends::responses::{self, Parsed};
+use crate::compaction::front_ends::{Api, Parsed};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::clearing::Cleared;
-use crate::compaction::planner::conversation::{Api, Conversation};
+use crate::compaction::planner::conversation::Conversation;
 use crate::compaction::planner::digest::hash_parts;
 use crate::compaction::planner::plan::{
     self, CachedSummary, Decision, Mode, Plan, PlanSettings, SharedTier, SummaryLookup,
@@ -254,7 +253,6 @@ impl Planner {
             layout,
             self.config.summary_role,
             self.config.summary_placement,
-            conversation.api,
         )
         .map(|splice| splice.with_cleared(conversation, cleared))
     }
@@ -262,11 +260,7 @@ impl Planner {
     /// The CPU part: parse, threshold, stages, cache lookup, plan, and the body when no
     /// summarizer call is needed.
     pub fn prepare(&self, body: &[u8], ask: &Ask<'_>) -> Prepared {
-        let parsed = match ask.api {
-            Api::ChatCompletions => Conversation::parse(body).map(Parsed::Conversation),
-            Api::Responses => responses::parse(body),
-            Api::Messages => messages::parse(body),
-        };
+        let parsed = ask.api.front_end().parse(body);
         let conversation = match parsed {
             Ok(Parsed::Conversation(conversation)) => conversation,
             Ok(Parsed::LeaveAlone(reason)) => return forward(Outcome::uncounted(reason), None),

@@ -21,12 +21,16 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::ops::Range;
 
-use crate::compaction::front_ends::responses::Parsed;
+use super::{FrontEnd, Parsed};
+use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     object_span, offset_in, raw_members, string_value, Conversation, Json, Message, ParseError,
     Role, ToolCall, ToolOutput,
 };
+use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::config::{SummaryPlacement, SummaryRole};
 
 #[derive(Deserialize)]
 struct RequestView<'a> {
@@ -170,7 +174,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.tools,
         view.system.filter(|raw| raw.get() != "null"),
         view.max_tokens.unwrap_or(0),
-        crate::compaction::planner::conversation::Api::Messages,
+        &Messages,
     )))
 }
 
@@ -249,6 +253,98 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
     }
     message.cache_breakpoint = breakpoint.map(|raw| Json::of(raw.get()));
     Ok(message)
+}
+
+/// The Anthropic Messages front-end.
+#[derive(Debug)]
+pub struct Messages;
+
+impl Dialect for Messages {
+    fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {
+        parse_message(raw)
+    }
+
+    fn keeps_system_turns(&self) -> bool {
+        true
+    }
+
+    /// Whenever the next kept turn is a user turn: two user turns in a row would break the
+    /// alternation Anthropic asks for.
+    fn merges_summary(&self, _: SummaryPlacement, _: SummaryRole, content_located: bool) -> bool {
+        content_located
+    }
+
+    fn inherits_cache_breakpoint(&self) -> bool {
+        true
+    }
+
+    fn summary_json(&self, framed: &str, _role: SummaryRole, breakpoint: Option<&str>) -> String {
+        format!(
+            r#"{{"role":"user","content":[{}]}}"#,
+            block_json(framed, breakpoint)
+        )
+    }
+
+    fn merged_summary(
+        &self,
+        body: &[u8],
+        message: Range<usize>,
+        content: Option<Range<usize>>,
+        framed: &str,
+        breakpoint: Option<&str>,
+    ) -> Option<String> {
+        merged_anthropic_user(body, &message, &content?, &block_json(framed, breakpoint))
+    }
+}
+
+impl FrontEnd for Messages {
+    fn path(&self) -> &'static str {
+        "/messages"
+    }
+
+    fn label(&self) -> &'static str {
+        "messages"
+    }
+
+    fn parse<'a>(&self, body: &'a [u8]) -> Result<Parsed<'a>, ParseError> {
+        parse(body)
+    }
+}
+
+/// The summary as an Anthropic text block; `breakpoint` is the `cache_control` it inherits
+/// from the messages it replaces, so the new prefix is cached turn after turn.
+pub fn summary_block(text: &str, breakpoint: Option<&str>) -> String {
+    block_json(&format!("{SUMMARY_PREFIX}{text}"), breakpoint)
+}
+
+fn block_json(framed: &str, breakpoint: Option<&str>) -> String {
+    let mut block = serde_json::json!({"type": "text", "text": framed});
+    if let Some(value) = breakpoint.and_then(|raw| serde_json::from_str(raw).ok()) {
+        block["cache_control"] = value;
+    }
+    block.to_string()
+}
+
+/// The Anthropic user message at `message` with `block` as its first content block, spliced
+/// into its bytes: string content becomes a text block after it, every other byte is kept.
+fn merged_anthropic_user(
+    body: &[u8],
+    message: &Range<usize>,
+    content: &Range<usize>,
+    block: &str,
+) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let raw = text.get(content.clone())?;
+    let new_content = match raw.strip_prefix('[') {
+        Some(rest) if rest.trim_start().starts_with(']') => format!("[{block}]"),
+        Some(rest) => format!("[{block},{rest}"),
+        None => format!(r#"[{block},{{"type":"text","text":{raw}}}]"#),
+    };
+    Some(format!(
+        "{}{new_content}{}",
+        text.get(message.start..content.start)?,
+        text.get(content.end..message.end)?
+    ))
 }
 
 #[cfg(test)]

@@ -15,17 +15,15 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::ops::Range;
 
+use super::{FrontEnd, Parsed};
+use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     object_span, offset_in, raw_members, string_value, Conversation, Message, ParseError, ToolCall,
 };
-
-/// A Responses request: a conversation to plan, or the reason it is forwarded as is.
-#[derive(Debug)]
-pub enum Parsed<'a> {
-    Conversation(Conversation<'a>),
-    LeaveAlone(&'static str),
-}
+use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::config::{SummaryPlacement, SummaryRole};
 
 #[derive(Deserialize)]
 struct RequestView<'a> {
@@ -212,7 +210,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.tools,
         view.instructions.filter(|raw| raw.get() != "null"),
         view.max_output_tokens.unwrap_or(0),
-        crate::compaction::planner::conversation::Api::Responses,
+        &Responses,
     )))
 }
 
@@ -340,6 +338,68 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
             false,
         ),
     })
+}
+
+/// The Responses front-end.
+#[derive(Debug)]
+pub struct Responses;
+
+impl Dialect for Responses {
+    fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {
+        parse_item(raw)
+    }
+
+    /// Never: a summary is always an item of its own.
+    fn merges_summary(&self, _: SummaryPlacement, _: SummaryRole, _: bool) -> bool {
+        false
+    }
+
+    fn summary_json(&self, framed: &str, _role: SummaryRole, _breakpoint: Option<&str>) -> String {
+        item_json(framed)
+    }
+
+    fn merged_summary(
+        &self,
+        _: &[u8],
+        _: Range<usize>,
+        _: Option<Range<usize>>,
+        _: &str,
+        _: Option<&str>,
+    ) -> Option<String> {
+        None
+    }
+}
+
+impl FrontEnd for Responses {
+    fn path(&self) -> &'static str {
+        "/responses"
+    }
+
+    fn label(&self) -> &'static str {
+        "responses"
+    }
+
+    fn parse<'a>(&self, body: &'a [u8]) -> Result<Parsed<'a>, ParseError> {
+        parse(body)
+    }
+
+    fn size_bound_applies(&self) -> bool {
+        false
+    }
+}
+
+/// The summary as one Responses `message` item: role `user`, one `input_text` part.
+pub fn summary_item(text: &str) -> String {
+    item_json(&format!("{SUMMARY_PREFIX}{text}"))
+}
+
+fn item_json(framed: &str) -> String {
+    serde_json::json!({
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": framed}],
+    })
+    .to_string()
 }
 
 #[cfg(test)]
@@ -569,7 +629,6 @@ mod tests {
             &layout,
             crate::config::SummaryRole::User,
             crate::config::SummaryPlacement::Auto,
-            crate::compaction::planner::conversation::Api::Responses,
         )
         .unwrap();
         let out: serde_json::Value = serde_json::from_slice(&splice.apply(

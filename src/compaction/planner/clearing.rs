@@ -9,9 +9,8 @@
 
 use std::collections::HashMap;
 
-use crate::compaction::front_ends::messages;
-use crate::compaction::front_ends::responses;
-use crate::compaction::planner::conversation::{value_tokens, Api, Conversation, Message};
+use crate::compaction::planner::conversation::Dialect;
+use crate::compaction::planner::conversation::{value_tokens, Conversation, Message};
 use crate::compaction::planner::tokens::TokenModel;
 
 /// One message with some of its tool outputs replaced.
@@ -36,15 +35,6 @@ pub fn placeholder(tool: &str, tokens: u64) -> String {
     )
 }
 
-/// Reads a message made anew (a cleared copy) the way its API's front-end reads one.
-pub fn parse_message(api: Api, raw: &str) -> Option<Message<'_>> {
-    match api {
-        Api::ChatCompletions => Message::parse(raw).ok(),
-        Api::Responses => responses::parse_item(raw),
-        Api::Messages => messages::parse_message(raw),
-    }
-}
-
 /// In each message at `candidates`, every tool output of at least `min_tokens` tokens replaced
 /// by its placeholder; messages with no such output are left out.
 pub fn clear_outputs(
@@ -57,7 +47,7 @@ pub fn clear_outputs(
     candidates
         .filter_map(|i| {
             let message = conversation.messages.get(i)?;
-            cleared_copy(message, &names, min_tokens, model, conversation.api).map(|c| (i, c))
+            cleared_copy(message, &names, min_tokens, model, conversation.dialect).map(|c| (i, c))
         })
         .collect()
 }
@@ -76,7 +66,7 @@ fn cleared_copy(
     names: &HashMap<&str, &str>,
     min_tokens: u64,
     model: &TokenModel,
-    api: Api,
+    dialect: &dyn Dialect,
 ) -> Option<ClearedMessage> {
     let raw = message.raw.get();
     let base = raw.as_ptr() as usize;
@@ -100,7 +90,7 @@ fn cleared_copy(
         return None;
     }
     copy.push_str(&raw[at..]);
-    let tokens = parse_message(api, &copy)?.tokens(model);
+    let tokens = dialect.parse_message(&copy)?.tokens(model);
     Some(ClearedMessage {
         copy,
         tokens,
@@ -110,11 +100,11 @@ fn cleared_copy(
 
 #[cfg(test)]
 mod tests {
+    use crate::compaction::front_ends::{chat, messages, responses};
     use serde_json::json;
 
     use super::*;
-    use crate::compaction::front_ends::responses::Parsed;
-    use crate::compaction::planner::conversation::Conversation;
+    use crate::compaction::front_ends::Parsed;
 
     fn chat(messages: serde_json::Value) -> String {
         json!({"model": "m", "messages": messages}).to_string()
@@ -128,7 +118,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "x".repeat(4000), "x-extra": 1},
             {"role": "tool", "tool_call_id": "c1", "content": "small"},
         ]));
-        let conversation = Conversation::parse(body.as_bytes()).unwrap();
+        let conversation = chat::parse(body.as_bytes()).unwrap();
         let model = TokenModel::default();
         let cleared = clear_outputs(&conversation, 0..4, 100, &model);
         assert_eq!(cleared.len(), 1, "only the large output is cleared");

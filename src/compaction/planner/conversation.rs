@@ -5,9 +5,12 @@
 //! that planning reads are parsed: role, name, content (as raw JSON), tool calls, tool_call_id.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::config::{SummaryPlacement, SummaryRole};
 
 use crate::compaction::planner::tokens::{
     json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD,
@@ -28,18 +31,9 @@ impl<'a> Json<'a> {
     }
 
     /// None for an explicit `null`, which the API treats as absent.
-    fn non_null(raw: &'a str) -> Option<Json<'a>> {
+    pub(in crate::compaction) fn non_null(raw: &'a str) -> Option<Json<'a>> {
         (raw != "null").then_some(Json(raw))
     }
-}
-
-/// The API a request speaks: it decides how the body is read and how the summary is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    ChatCompletions,
-    Responses,
-    /// Anthropic's Messages API (`POST /v1/messages`).
-    Messages,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +48,7 @@ pub enum Role {
 }
 
 impl Role {
-    fn parse(role: &str) -> Role {
+    pub(in crate::compaction) fn parse(role: &str) -> Role {
         match role {
             "system" => Role::System,
             "developer" => Role::Developer,
@@ -69,37 +63,6 @@ impl Role {
     pub fn is_instruction(self) -> bool {
         matches!(self, Role::System | Role::Developer)
     }
-}
-
-#[derive(Deserialize)]
-struct RequestView<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    messages: Vec<MessageFields<'a>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    functions: Option<&'a RawValue>,
-    #[serde(default)]
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    max_completion_tokens: Option<u64>,
-}
-
-/// The members of one message object that planning reads, as raw slices, read in the same
-/// serde pass that validates the body; `first` and `last` locate the object's braces.
-struct MessageFields<'a> {
-    role: Option<&'a str>,
-    name: Option<&'a str>,
-    content: Option<&'a str>,
-    refusal: Option<&'a str>,
-    tool_calls: Option<&'a str>,
-    function_call: Option<&'a str>,
-    tool_call_id: Option<&'a str>,
-    /// The first member's value and the last member's value.
-    first: &'a str,
-    last: &'a str,
 }
 
 /// Reads one JSON object's members with every value taken raw (a slice of the body, unknown
@@ -148,71 +111,6 @@ impl<'de> Deserialize<'de> for MemberKey<'de> {
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MessageVisitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for MessageVisitor<'a> {
-            type Value = MessageFields<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a message object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<MessageFields<'a>, A::Error> {
-                let mut fields = MessageFields {
-                    role: None,
-                    name: None,
-                    content: None,
-                    refusal: None,
-                    tool_calls: None,
-                    function_call: None,
-                    tool_call_id: None,
-                    first: "",
-                    last: "",
-                };
-                let ends = raw_members(&mut map, |key, value| {
-                    let slot = match key {
-                        "role" => &mut fields.role,
-                        "name" => &mut fields.name,
-                        "content" => &mut fields.content,
-                        "refusal" => &mut fields.refusal,
-                        "tool_calls" => &mut fields.tool_calls,
-                        "function_call" => &mut fields.function_call,
-                        "tool_call_id" => &mut fields.tool_call_id,
-                        _ => return,
-                    };
-                    *slot = Some(value);
-                })?;
-                if fields.role.is_none() {
-                    return Err(serde::de::Error::missing_field("role"));
-                }
-                if let Some((first, last)) = ends {
-                    (fields.first, fields.last) = (first, last);
-                }
-                Ok(fields)
-            }
-        }
-        deserializer.deserialize_map(MessageVisitor(std::marker::PhantomData))
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct ToolCallView<'a> {
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    function: Option<FunctionView<'a>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct FunctionView<'a> {
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    arguments: Option<&'a RawValue>,
-}
-
 /// One tool call of an assistant message.
 #[derive(Debug, Clone)]
 pub struct ToolCall<'a> {
@@ -234,6 +132,50 @@ impl<'a> ToolCall<'a> {
     }
 }
 
+/// What the planner needs from the API a conversation was read from. The planner declares it;
+/// each front-end (`compaction::front_ends`) implements it, so the planner never names an API.
+pub trait Dialect: Sync + std::fmt::Debug {
+    /// Reads one message made anew (a cleared copy) the way the body's own were read.
+    fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>>;
+
+    /// `role: "system"` turns inside the message list are context the client placed there:
+    /// kept, never summarized (Anthropic's Messages).
+    fn keeps_system_turns(&self) -> bool {
+        false
+    }
+
+    /// Whether the summary joins the first kept turn (a user turn nothing was split from)
+    /// rather than going as a message of its own; `content_located` says whether that turn's
+    /// `content` was found in the body.
+    fn merges_summary(
+        &self,
+        placement: SummaryPlacement,
+        role: SummaryRole,
+        content_located: bool,
+    ) -> bool;
+
+    /// Whether the summary carries the last prompt-cache breakpoint of the messages it
+    /// replaces, so the new prefix is cached turn after turn.
+    fn inherits_cache_breakpoint(&self) -> bool {
+        false
+    }
+
+    /// The summary (`framed`: its text with the prefix) as a message of its own.
+    fn summary_json(&self, framed: &str, role: SummaryRole, breakpoint: Option<&str>) -> String;
+
+    /// The first kept turn, at `message` in `body`, with the summary joined in front of its
+    /// content (`content`: where that lies in `body`). None when it cannot be joined: the
+    /// summary then goes as a message of its own.
+    fn merged_summary(
+        &self,
+        body: &[u8],
+        message: Range<usize>,
+        content: Option<Range<usize>>,
+        framed: &str,
+        breakpoint: Option<&str>,
+    ) -> Option<String>;
+}
+
 /// One message: its original bytes plus what planning needs.
 #[derive(Debug, Clone)]
 pub struct Message<'a> {
@@ -244,8 +186,8 @@ pub struct Message<'a> {
     pub content: Option<Json<'a>>,
     pub refusal: Option<Json<'a>>,
     pub tool_calls: Vec<ToolCall<'a>>,
-    tool_calls_raw: Option<Json<'a>>,
-    function_call: Option<Json<'a>>,
+    pub(in crate::compaction) tool_calls_raw: Option<Json<'a>>,
+    pub(in crate::compaction) function_call: Option<Json<'a>>,
     pub tool_call_id: Option<Cow<'a, str>>,
     /// The calls a message of tool results answers besides `tool_call_id` (an Anthropic user
     /// message answers every `tool_use` of the assistant turn before it).
@@ -281,13 +223,14 @@ pub struct Conversation<'a> {
     /// Byte range of the `messages` array in `body` (replaced by a rewrite, nothing else is).
     pub messages_span: std::ops::Range<usize>,
     tools: Option<&'a RawValue>,
-    functions: Option<&'a RawValue>,
+    pub(in crate::compaction) functions: Option<&'a RawValue>,
     /// Pinned text sent outside the message list (Responses `instructions`).
     instructions: Option<&'a RawValue>,
     /// Tokens the caller reserved for the answer (`max_completion_tokens`, else `max_tokens`).
     pub output_reserve: u64,
-    /// The API whose front-end read it: a message made anew (a cleared copy) is read back by it.
-    pub api: Api,
+    /// The API whose front-end read it, as the planner sees it: a message made anew (a
+    /// cleared copy) is read back by it and the summary written in its shape.
+    pub dialect: &'static dyn Dialect,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -299,32 +242,6 @@ pub enum ParseError {
 }
 
 impl<'a> Conversation<'a> {
-    pub fn parse(body: &'a [u8]) -> Result<Conversation<'a>, ParseError> {
-        let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
-        let view: RequestView<'a> =
-            serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
-        let messages = view
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(i, fields)| {
-                Message::from_fields(text, fields).map_err(|e| ParseError::BadMessage(i, e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let messages_span = array_span(text, &messages);
-        Ok(Conversation {
-            body,
-            model: view.model,
-            messages,
-            messages_span,
-            tools: view.tools,
-            functions: view.functions,
-            instructions: None,
-            output_reserve: view.max_completion_tokens.or(view.max_tokens).unwrap_or(0),
-            api: Api::ChatCompletions,
-        })
-    }
-
     /// Byte range of message `i` in `body`.
     pub fn message_range(&self, i: usize) -> std::ops::Range<usize> {
         let raw = self.messages[i].raw.get();
@@ -341,7 +258,7 @@ impl<'a> Conversation<'a> {
         tools: Option<&'a RawValue>,
         instructions: Option<&'a RawValue>,
         output_reserve: u64,
-        api: Api,
+        dialect: &'static dyn Dialect,
     ) -> Conversation<'a> {
         let text = std::str::from_utf8(body).unwrap_or("");
         let messages_span = array_span(text, &messages);
@@ -354,7 +271,7 @@ impl<'a> Conversation<'a> {
             functions: None,
             instructions,
             output_reserve,
-            api,
+            dialect,
         }
     }
 
@@ -458,67 +375,6 @@ pub(in crate::compaction) fn object_span(
 }
 
 impl<'a> Message<'a> {
-    /// Reads one message object on its own (the injected summary, say).
-    pub fn parse(raw: &'a str) -> Result<Message<'a>, String> {
-        let fields: MessageFields<'a> = serde_json::from_str(raw).map_err(|e| e.to_string())?;
-        Message::from_fields(raw, fields)
-    }
-
-    /// Builds a message from the members the body pass collected; `text` is the document
-    /// they are slices of.
-    fn from_fields(text: &'a str, fields: MessageFields<'a>) -> Result<Message<'a>, String> {
-        let first = offset_in(text, fields.first);
-        let last_end = offset_in(text, fields.last) + fields.last.len();
-        let span = object_span(text, first, last_end).ok_or("cannot locate the message object")?;
-        let role = fields
-            .role
-            .and_then(string_value)
-            .ok_or("role is not a string")?;
-        let tool_calls_raw = fields.tool_calls.and_then(Json::non_null);
-        let tool_calls = match tool_calls_raw {
-            Some(raw_calls) => {
-                let calls: Vec<ToolCallView<'a>> = serde_json::from_str(raw_calls.get())
-                    .map_err(|e| format!("tool_calls: {e}"))?;
-                calls
-                    .into_iter()
-                    .map(|call| {
-                        let (name, arguments_raw) = match call.function {
-                            Some(f) => (
-                                f.name.unwrap_or(Cow::Borrowed("")),
-                                f.arguments.map(|raw| Json(raw.get())),
-                            ),
-                            None => (Cow::Borrowed(""), None),
-                        };
-                        ToolCall {
-                            id: call.id.unwrap_or(Cow::Borrowed("")),
-                            name,
-                            arguments_raw,
-                        }
-                    })
-                    .collect()
-            }
-            None => Vec::new(),
-        };
-        Ok(Message {
-            raw: Json(&text[span]),
-            role: Role::parse(&role),
-            role_text: role,
-            name: fields.name.and_then(string_value),
-            content: fields.content.and_then(Json::non_null),
-            refusal: fields.refusal.and_then(Json::non_null),
-            tool_calls,
-            tool_calls_raw,
-            function_call: fields.function_call.and_then(Json::non_null),
-            tool_call_id: fields.tool_call_id.and_then(string_value),
-            more_answers: Vec::new(),
-            opaque: None,
-            binds_next: false,
-            cache_breakpoint: None,
-            tool_outputs: Vec::new(),
-        }
-        .with_own_output())
-    }
-
     /// One item of another API, already taken apart by its front-end; `raw` is its bytes.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::compaction) fn from_item(
@@ -552,7 +408,7 @@ impl<'a> Message<'a> {
     }
 
     /// A tool message whose content is its output (chat completions, Responses) lists it.
-    fn with_own_output(mut self) -> Self {
+    pub(in crate::compaction) fn with_own_output(mut self) -> Self {
         if self.role == Role::Tool && self.opaque.is_none() {
             if let (Some(value), Some(id)) = (self.content, &self.tool_call_id) {
                 self.tool_outputs.push(ToolOutput {
@@ -736,6 +592,7 @@ fn content_chars(raw: Json<'_>, chars: &mut CharCount, images: &mut u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::front_ends::chat;
 
     fn tokens_of(message: serde_json::Value, cpt: f64) -> u64 {
         let raw = serde_json::to_string(&message).unwrap();
@@ -743,7 +600,7 @@ mod tests {
             chars_per_token: cpt,
             ..TokenModel::default()
         };
-        Message::parse(&raw).unwrap().tokens(&model)
+        chat::parse_message(&raw).unwrap().tokens(&model)
     }
 
     #[test]
@@ -808,7 +665,7 @@ mod tests {
     #[test]
     fn parses_without_copying_and_finds_the_messages_span() {
         let body = br#"{"model":"gpt-4o", "messages" : [{"role":"user","content":"hi","x_unknown":{"a":1}}], "temperature":0.2}"#;
-        let conversation = Conversation::parse(body).unwrap();
+        let conversation = chat::parse(body).unwrap();
         assert_eq!(conversation.model.as_deref(), Some("gpt-4o"));
         let span = &body[conversation.messages_span.clone()];
         assert_eq!(
@@ -823,17 +680,17 @@ mod tests {
 
     #[test]
     fn rejects_non_chat_bodies() {
-        assert!(Conversation::parse(b"nope").is_err());
-        assert!(Conversation::parse(br#"{"model":"x"}"#).is_err());
-        assert!(Conversation::parse(br#"{"messages":{}}"#).is_err());
-        assert!(Conversation::parse(br#"{"messages":[{"content":"no role"}]}"#).is_err());
-        assert!(Conversation::parse(br#"{"messages":[1]}"#).is_err());
+        assert!(chat::parse(b"nope").is_err());
+        assert!(chat::parse(br#"{"model":"x"}"#).is_err());
+        assert!(chat::parse(br#"{"messages":{}}"#).is_err());
+        assert!(chat::parse(br#"{"messages":[{"content":"no role"}]}"#).is_err());
+        assert!(chat::parse(br#"{"messages":[1]}"#).is_err());
     }
 
     #[test]
     fn tool_calls_and_legacy_fields_are_read() {
         let body = br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}],"max_tokens":50,"max_completion_tokens":70}"#;
-        let conversation = Conversation::parse(body).unwrap();
+        let conversation = chat::parse(body).unwrap();
         let call = &conversation.messages[0].tool_calls[0];
         assert_eq!(
             (
@@ -918,7 +775,7 @@ mod tests {
                 } else {
                     serde_json::to_string(&body).unwrap()
                 };
-                let conversation = Conversation::parse(text.as_bytes()).unwrap();
+                let conversation = chat::parse(text.as_bytes()).unwrap();
                 let reference: RawMessages = serde_json::from_str(&text).unwrap();
                 prop_assert_eq!(conversation.messages.len(), reference.messages.len());
                 for (i, (ours, theirs)) in conversation.messages.iter().zip(&reference.messages).enumerate() {
@@ -936,7 +793,7 @@ mod tests {
                 } else {
                     serde_json::to_string(&message).unwrap()
                 };
-                let parsed = Message::parse(&raw).unwrap();
+                let parsed = chat::parse_message(&raw).unwrap();
                 prop_assert_eq!(parsed.role_text.as_ref(), message["role"].as_str().unwrap());
                 prop_assert_eq!(parsed.name.as_deref(), message.get("name").and_then(Value::as_str));
                 prop_assert_eq!(parsed.tool_call_id.as_deref(), message.get("tool_call_id").and_then(Value::as_str));

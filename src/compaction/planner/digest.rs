@@ -272,10 +272,10 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::planner::conversation::Conversation;
+    use crate::compaction::front_ends::chat;
 
     fn digests(body: &str) -> Vec<Digest> {
-        let conversation = Conversation::parse(body.as_bytes()).unwrap();
+        let conversation = chat::parse(body.as_bytes()).unwrap();
         conversation.messages.iter().map(message_digest).collect()
     }
 
@@ -389,11 +389,11 @@ mod tests {
 
     #[test]
     fn chains_share_exactly_their_common_prefix() {
-        let one = Conversation::parse(
+        let one = chat::parse(
             br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#,
         )
         .unwrap();
-        let two = Conversation::parse(
+        let two = chat::parse(
             br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"c"}]}"#,
         )
         .unwrap();

@@ -6,7 +6,7 @@
 //! [`crate::compaction::planner::rewrite::validate`] before a byte is sent.
 
 use crate::compaction::planner::clearing::{clear_outputs, Cleared};
-use crate::compaction::planner::conversation::{Api, Conversation, PinnedText, Role};
+use crate::compaction::planner::conversation::{Conversation, PinnedText, Role};
 use crate::compaction::planner::digest::{prefix_chain, Digest};
 use crate::compaction::planner::skills::{skill_bundles, SkillBundle, SkillRescue};
 use crate::compaction::planner::structure::{validate_layout, Groups, Layout, Split};
@@ -456,7 +456,8 @@ impl Analysis {
         let kept_context = (head..n)
             .filter(|&i| {
                 let m = &messages[i];
-                let system_turn = conversation.api == Api::Messages && m.role == Role::System;
+                let system_turn =
+                    conversation.dialect.keeps_system_turns() && m.role == Role::System;
                 // An instruction the summarizer cannot read (a tool declaration item).
                 let opaque_instruction = m.role.is_instruction() && m.opaque.is_some();
                 let bound = m.binds_next || (i > 0 && messages[i - 1].binds_next);

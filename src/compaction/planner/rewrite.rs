@@ -5,8 +5,9 @@
 use std::ops::Range;
 
 use crate::compaction::planner::clearing::Cleared;
+use crate::compaction::planner::conversation::Conversation;
+use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::Role;
-use crate::compaction::planner::conversation::{Api, Conversation};
 use crate::compaction::planner::structure::{validate_layout, Layout, ValidationError};
 use crate::config::{SummaryPlacement, SummaryRole};
 
@@ -16,43 +17,6 @@ pub const SUMMARY_PREFIX: &str = "Here is a summary of the conversation to date:
 /// The note that takes the place of messages the `truncate` stage dropped.
 pub fn omission_text(dropped: usize) -> String {
     format!("[compactor: {dropped} earlier messages were left out here to fit the model's context window]")
-}
-
-/// The injected summary message as JSON.
-pub fn summary_message(text: &str, role: SummaryRole) -> String {
-    message_json(&format!("{SUMMARY_PREFIX}{text}"), role)
-}
-
-/// The summary as one Responses `message` item: role `user`, one `input_text` part.
-pub fn summary_item(text: &str) -> String {
-    item_json(&format!("{SUMMARY_PREFIX}{text}"))
-}
-
-/// The summary as an Anthropic text block; `breakpoint` is the `cache_control` it inherits
-/// from the messages it replaces, so the new prefix is cached turn after turn.
-pub fn summary_block(text: &str, breakpoint: Option<&str>) -> String {
-    block_json(&format!("{SUMMARY_PREFIX}{text}"), breakpoint)
-}
-
-fn message_json(framed: &str, role: SummaryRole) -> String {
-    serde_json::json!({"role": role.as_str(), "content": framed}).to_string()
-}
-
-fn item_json(framed: &str) -> String {
-    serde_json::json!({
-        "type": "message",
-        "role": "user",
-        "content": [{"type": "input_text", "text": framed}],
-    })
-    .to_string()
-}
-
-fn block_json(framed: &str, breakpoint: Option<&str>) -> String {
-    let mut block = serde_json::json!({"type": "text", "text": framed});
-    if let Some(value) = breakpoint.and_then(|raw| serde_json::from_str(raw).ok()) {
-        block["cache_control"] = value;
-    }
-    block.to_string()
 }
 
 /// `body` with each cleared message replaced by its copy: the `clear_tool_outputs` stage on
@@ -91,7 +55,7 @@ enum Piece {
 
 /// Where a layout's messages lie in the original body: byte ranges only, so applying a summary
 /// that arrives later never parses the body again.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Splice {
     messages_span: Range<usize>,
     /// The pinned head, which goes before the summary.
@@ -100,10 +64,11 @@ pub struct Splice {
     tail: Vec<Piece>,
     /// The summary goes into the first tail message (a user message) instead of its own.
     merge_into_first: bool,
-    api: Api,
-    /// Messages: the `cache_control` of the last breakpoint among the summarized messages.
+    dialect: &'static dyn Dialect,
+    /// The `cache_control` of the last breakpoint among the summarized messages, where the
+    /// dialect carries it over.
     summary_breakpoint: Option<String>,
-    /// Messages: where the first tail message's `content` lies in the body, for the merge.
+    /// Where the first tail message's `content` lies in the body, for a merge.
     merge_content: Option<Range<usize>>,
 }
 
@@ -115,8 +80,8 @@ impl Splice {
         layout: &Layout,
         role: SummaryRole,
         placement: SummaryPlacement,
-        api: Api,
     ) -> Result<Splice, RewriteError> {
+        let dialect = conversation.dialect;
         if conversation.messages_span.is_empty() {
             return Err(RewriteError::NoMessagesArray);
         }
@@ -144,20 +109,10 @@ impl Splice {
                     .saturating_sub(conversation.body.as_ptr() as usize);
                 start..start + content.get().len()
             });
-        // A Responses summary is always an item of its own; a Messages summary joins the first
-        // kept user turn, as two user turns in a row would break the alternation Anthropic asks
-        // for.
-        let merge_into_first = next_is_user
-            && match api {
-                Api::ChatCompletions => match placement {
-                    SummaryPlacement::Separate => false,
-                    SummaryPlacement::Merge => true,
-                    SummaryPlacement::Auto => role == SummaryRole::User,
-                },
-                Api::Responses => false,
-                Api::Messages => first_content.is_some(),
-            };
-        let summary_breakpoint = (api == Api::Messages)
+        let merge_into_first =
+            next_is_user && dialect.merges_summary(placement, role, first_content.is_some());
+        let summary_breakpoint = dialect
+            .inherits_cache_breakpoint()
             .then(|| {
                 layout
                     .summarized(layout.head, |_| true)
@@ -169,14 +124,14 @@ impl Splice {
             .flatten();
         Ok(Splice {
             summary_breakpoint,
-            merge_content: first_content.filter(|_| merge_into_first && api == Api::Messages),
+            merge_content: first_content.filter(|_| merge_into_first),
             messages_span: conversation.messages_span.clone(),
             head: (0..layout.head)
                 .map(|i| conversation.message_range(i))
                 .collect(),
             tail: order.into_iter().map(piece).collect::<Result<_, _>>()?,
             merge_into_first,
-            api,
+            dialect,
         })
     }
 
@@ -210,24 +165,18 @@ impl Splice {
     fn apply_framed(&self, body: &[u8], framed: &str, role: SummaryRole) -> Vec<u8> {
         let breakpoint = self.summary_breakpoint.as_deref();
         let merged = match self.tail.first() {
-            Some(Piece::Original(range)) if self.merge_into_first => match &self.merge_content {
-                Some(content) => {
-                    merged_anthropic_user(body, range, content, &block_json(framed, breakpoint))
-                }
-                None => std::str::from_utf8(&body[range.clone()])
-                    .ok()
-                    .and_then(|user| merged_user_message(user, framed)),
-            },
+            Some(Piece::Original(range)) if self.merge_into_first => self.dialect.merged_summary(
+                body,
+                range.clone(),
+                self.merge_content.clone(),
+                framed,
+                breakpoint,
+            ),
             _ => None,
         };
-        let summary_json = match (&merged, self.api) {
-            (Some(merged), _) => merged.clone(),
-            (None, Api::ChatCompletions) => message_json(framed, role),
-            (None, Api::Responses) => item_json(framed),
-            (None, Api::Messages) => format!(
-                r#"{{"role":"user","content":[{}]}}"#,
-                block_json(framed, breakpoint)
-            ),
+        let summary_json = match &merged {
+            Some(merged) => merged.clone(),
+            None => self.dialect.summary_json(framed, role, breakpoint),
         };
         let tail = if merged.is_some() {
             &self.tail[1..]
@@ -269,48 +218,6 @@ impl Splice {
     }
 }
 
-/// The user message with the summary in front of its content: prepended to string content,
-/// a leading text part of array content. Every other member keeps its value and place.
-fn merged_user_message(raw: &str, framed: &str) -> Option<String> {
-    let mut message: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).ok()?;
-    let summary = framed.to_string();
-    let content = match message.get("content") {
-        Some(serde_json::Value::String(original)) => {
-            serde_json::Value::String(format!("{summary}\n\n{original}"))
-        }
-        Some(serde_json::Value::Array(parts)) => {
-            let mut merged = vec![serde_json::json!({"type": "text", "text": summary})];
-            merged.extend(parts.iter().cloned());
-            serde_json::Value::Array(merged)
-        }
-        _ => serde_json::Value::String(summary),
-    };
-    message.insert("content".into(), content);
-    serde_json::to_string(&message).ok()
-}
-
-/// The Anthropic user message at `message` with `block` as its first content block, spliced
-/// into its bytes: string content becomes a text block after it, every other byte is kept.
-fn merged_anthropic_user(
-    body: &[u8],
-    message: &Range<usize>,
-    content: &Range<usize>,
-    block: &str,
-) -> Option<String> {
-    let text = std::str::from_utf8(body).ok()?;
-    let raw = text.get(content.clone())?;
-    let new_content = match raw.strip_prefix('[') {
-        Some(rest) if rest.trim_start().starts_with(']') => format!("[{block}]"),
-        Some(rest) => format!("[{block},{rest}"),
-        None => format!(r#"[{block},{{"type":"text","text":{raw}}}]"#),
-    };
-    Some(format!(
-        "{}{new_content}{}",
-        text.get(message.start..content.start)?,
-        text.get(content.end..message.end)?
-    ))
-}
-
 /// A copy of an assistant message with only the tool calls at `calls` and empty content, every
 /// other member kept: the rescued part of a split (DeerFlow's rescued clone).
 fn split_copy(raw: &str, calls: &[usize]) -> Option<String> {
@@ -338,7 +245,6 @@ pub fn rewrite(
         layout,
         SummaryRole::User,
         SummaryPlacement::Separate,
-        Api::ChatCompletions,
     )?;
     Ok(splice.splice(conversation.body, summary_json, &splice.tail))
 }

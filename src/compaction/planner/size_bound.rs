@@ -146,7 +146,7 @@ fn has_escaped_ascii_letter(body: &[u8], escape: &Finder<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::planner::conversation::Conversation;
+    use crate::compaction::front_ends::chat;
     use crate::compaction::planner::plan::over_trigger;
     use crate::config::{ModelConfig, SummarizationConfig};
     use proptest::prelude::*;
@@ -290,7 +290,7 @@ mod tests {
             };
             let table = table();
             let bounds = ModelBounds::of(&table);
-            let conversation = Conversation::parse(text.as_bytes()).expect("parses");
+            let conversation = chat::parse(text.as_bytes()).expect("parses");
             let model = table.lookup(conversation.model.as_deref());
             for trigger in [
                 ContextSize::Tokens(tokens),

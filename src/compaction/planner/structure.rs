@@ -198,10 +198,10 @@ pub fn validate<'m, 'a: 'm>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::front_ends::chat;
 
     fn check(body: &str) -> Result<(), ValidationError> {
-        let conversation =
-            crate::compaction::planner::conversation::Conversation::parse(body.as_bytes()).unwrap();
+        let conversation = chat::parse(body.as_bytes()).unwrap();
         validate(conversation.messages.iter())
     }
 

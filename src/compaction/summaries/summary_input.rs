@@ -7,8 +7,9 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use crate::compaction::planner::clearing::{parse_message, Cleared};
-use crate::compaction::planner::conversation::{Api, Conversation, Message, PartView};
+use crate::compaction::planner::clearing::Cleared;
+use crate::compaction::planner::conversation::Dialect;
+use crate::compaction::planner::conversation::{Conversation, Message, PartView};
 use crate::compaction::planner::tokens::{is_wide, CharCount, TokenModel};
 use crate::config::Oversize;
 
@@ -97,7 +98,7 @@ struct Transcript<'a, 'c> {
     messages: Vec<&'a Message<'c>>,
     /// The cleared copy of a message whose old tool outputs were cleared: it is shown instead.
     copies: Vec<Option<&'a str>>,
-    api: Api,
+    dialect: &'static dyn Dialect,
     /// The planner's count of each message, standing in for blocks never formatted.
     estimates: Vec<u64>,
     blocks: Vec<Option<Block>>,
@@ -139,7 +140,7 @@ impl<'a, 'c> Transcript<'a, 'c> {
         Transcript {
             messages,
             copies,
-            api: conversation.api,
+            dialect: conversation.dialect,
             estimates,
             blocks,
             model,
@@ -151,10 +152,10 @@ impl<'a, 'c> Transcript<'a, 'c> {
     }
 
     fn block(&mut self, k: usize) -> &Block {
-        let (message, model, api) = (self.messages[k], &self.model, self.api);
+        let (message, model, dialect) = (self.messages[k], &self.model, self.dialect);
         let copy = self.copies[k];
         self.blocks[k].get_or_insert_with(|| {
-            let copy = copy.and_then(|raw| parse_message(api, raw));
+            let copy = copy.and_then(|raw| dialect.parse_message(raw));
             let body = message_body(copy.as_ref().unwrap_or(message));
             Block::new(attributes(message), body, model)
         })
@@ -774,6 +775,7 @@ pub fn strip_base64(text: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::front_ends::chat;
 
     fn settings(budget: Option<u64>, oversize: Oversize) -> InputSettings {
         InputSettings {
@@ -835,7 +837,7 @@ mod tests {
     }
 
     fn select_all(body: &str, settings: &InputSettings) -> SummaryInput {
-        let conversation = Conversation::parse(body.as_bytes()).unwrap();
+        let conversation = chat::parse(body.as_bytes()).unwrap();
         let tokens = conversation.message_tokens(&settings.model);
         let indices: Vec<usize> = (0..conversation.messages.len()).collect();
         select(&conversation, &indices, &tokens, None, settings)
