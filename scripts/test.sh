@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# tests/redis.rs starts real redis-server processes on loopback.
+# tests/suite/redis.rs starts real redis-server processes on loopback.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq redis-server

@@ -1,9 +1,7 @@
 //! The transparent gateway: what a client and an upstream observe through compactor.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use mock_upstream::{MockHandle, MockOptions};

@@ -1,11 +1,9 @@
 //! `/metrics`: Prometheus text that a parser reads, every counter and histogram moved by exactly
 //! what a scripted run did, the admin listener, and no secret or message content in it.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use crate::common::*;
 use mock_upstream::{MockFault, MockOptions};
 use prometheus_parse::{Scrape, Value};
 use serde_json::{json, Value as Json};

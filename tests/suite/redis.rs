@@ -3,11 +3,9 @@
 //! whichever replicas its turns reach, a replica that dies mid-summary taken over, Redis going
 //! away and coming back without a failed request, tenants kept apart, foreign values ignored.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 use mock_upstream::{MockHandle, MockMode, MockOptions};
 use serde_json::{json, Value};
 

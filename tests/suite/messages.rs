@@ -2,9 +2,7 @@
 //! Messages conversations (pairs, alternation, breakpoints, thinking), then what the upstream
 //! receives and what the client gets back, against the mock's Anthropic-style validation.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use compactor::compaction::front_ends::messages;
 use compactor::compaction::front_ends::Parsed;
 use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};

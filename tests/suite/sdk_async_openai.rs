@@ -1,11 +1,9 @@
 //! The async-openai client pointed at compactor, as a Rust user would do it.
 
-mod common;
-
+use crate::common::*;
 use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::{ChatCompletionMessageToolCalls, CreateChatCompletionRequest};
 use async_openai::Client;
-use common::*;
 use futures_util::StreamExt;
 use mock_upstream::MockOptions;
 use serde_json::json;

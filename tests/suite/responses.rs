@@ -1,9 +1,7 @@
 //! The Responses API through compactor (`POST /v1/responses`): what the upstream receives and
 //! what the client gets back, against the mock's OpenAI-style validation of item groups.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http::StatusCode;
 use mock_upstream::MockOptions;
 use serde_json::{json, Value};

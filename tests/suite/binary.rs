@@ -1,10 +1,8 @@
 //! Black-box tests of the real `compactor` binary: `check`, and SIGTERM during a stream.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 use mock_upstream::MockOptions;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;

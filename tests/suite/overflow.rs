@@ -3,9 +3,7 @@
 //! clear 400 of `fail_mode: closed`. The mock counts tokens its own way (a quarter of the JSON
 //! length), as no real tokenizer counts like compactor's estimate.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
 use serde_json::{json, Value};
 

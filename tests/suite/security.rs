@@ -1,9 +1,7 @@
 //! Each hole of issue 9, reproduced at a small scale over loopback: the attack gets a bounded
 //! answer and a normal client is still served while it lasts.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http::StatusCode;
 use mock_upstream::{MockFault, MockHandle};
 use serde_json::{json, Value};

@@ -3,13 +3,11 @@
 //! summarizer call when it is enough) and `precompute_at` (a long session crosses the trigger
 //! with no request waiting on the summarizer, and no more calls than without it).
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use compactor::compaction::engine::CompactionEngine;
 use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;

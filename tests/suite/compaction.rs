@@ -1,11 +1,9 @@
 //! Compaction in flight, observed from the outside: what the upstream receives, what the
 //! summarizer is asked, what the client gets back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http::StatusCode;
 use mock_upstream::{MockFault, MockHandle, MockOptions};
 use serde_json::{json, Value};

@@ -2,9 +2,7 @@
 //! rescue within headroom, no summary paid for and thrown away, strict-template alternation,
 //! and a first compaction that sees what it evicts.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http::StatusCode;
 use mock_upstream::MockFault;
 use serde_json::{json, Value};

@@ -1,0 +1,20 @@
+//! Every integration test in one binary: the dependency tree is linked once, not once per
+//! file, which was most of the test command's time on a fresh clone.
+
+mod common;
+
+mod architecture;
+mod binary;
+mod compaction;
+mod gateway;
+mod helm_chart;
+mod messages;
+mod overflow;
+mod planner;
+mod quality;
+mod redis;
+mod responses;
+mod sdk_async_openai;
+mod security;
+mod stages;
+mod telemetry;
