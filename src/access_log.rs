@@ -119,7 +119,7 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
             target: "compactor::access",
             method = %log.method, path = log.uri.path(), status = log.status, upstream, model, key,
             duration_ms, bytes_in = log.bytes_in, bytes_out, end, error,
-            compaction = c.label(), reason = c.reason,
+            compaction = c.label(), reason = c.reason.label(),
             tokens_before = c.token_counts().map(|(before, _)| before),
             tokens_after = c.token_counts().map(|(_, after)| after), messages_summarized = c.messages_summarized,
             summarizer_ms = c.summarizer_ms.unwrap_or(0), cache = c.cache_label(),
@@ -148,7 +148,7 @@ fn record_span(log: &RequestLog) {
     }
     if let Some(c) = &log.compaction {
         span.record("compactor.compaction", c.label());
-        span.record("compactor.reason", c.reason);
+        span.record("compactor.reason", c.reason.label());
         if let Some((before, after)) = c.token_counts() {
             span.record("compactor.tokens_before", before);
             span.record("compactor.tokens_after", after);

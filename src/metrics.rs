@@ -21,7 +21,7 @@ use wildmatch::WildMatch;
 
 use crate::compaction::front_ends::Api;
 
-use crate::compaction::{CacheUse, Outcome, OutcomeKind};
+use crate::compaction::{CacheUse, Outcome, OutcomeKind, Reason};
 use crate::config::Config;
 use crate::usage::Usage;
 
@@ -473,7 +473,7 @@ impl Metrics {
         self.compactions
             .get_or_create(&CompactionLabels {
                 outcome: outcome.label(),
-                reason: outcome.reason,
+                reason: outcome.reason.label(),
             })
             .inc();
         match outcome.cache {
@@ -524,11 +524,11 @@ impl Metrics {
     }
 
     /// Starts each of these failure reasons at zero.
-    pub fn known_failures(&self, reasons: &[&'static str]) {
-        for &reason in reasons {
-            let _ = self
-                .summarizer_failures
-                .get_or_create(&ReasonLabels { reason });
+    pub fn known_failures(&self, reasons: &[Reason]) {
+        for reason in reasons {
+            let _ = self.summarizer_failures.get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            });
         }
     }
 

@@ -22,6 +22,7 @@ use crate::compaction::planner::size_bound::provably_under;
 use crate::compaction::planner::structure::Split;
 use crate::compaction::planner::tokens::TokenModel;
 use crate::compaction::prepare::{Ask, Job, Next, Planner, Prepared, Reactive};
+use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::summaries::budget::SummarizerBudget;
 use crate::compaction::summaries::cache::{CacheKey, Shared};
@@ -104,7 +105,7 @@ impl Compacted {
     /// and the log and headers say the compaction failed rather than that it answered.
     pub fn refused_on_retry(mut self) -> Compacted {
         self.outcome.kind = OutcomeKind::Failed;
-        self.outcome.reason = "reactive_refused";
+        self.outcome.reason = Reason::ReactiveRefused;
         self.notice = None;
         self
     }
@@ -155,7 +156,7 @@ impl CompactionEngine {
         metrics: Arc<Metrics>,
         previous: Option<&CompactionEngine>,
     ) -> CompactionEngine {
-        metrics.known_failures(&CompactionFailure::LABELS);
+        metrics.known_failures(&CompactionFailure::REASONS);
         let tier = match config.cache.backend {
             CacheBackend::Memory => None,
             CacheBackend::Redis => {
@@ -254,7 +255,7 @@ impl CompactionEngine {
         if control == Control::Off {
             return Ok(Compacted::original(
                 body,
-                Outcome::uncounted("disabled_by_header"),
+                Outcome::uncounted(Reason::DisabledByHeader),
             ));
         }
         // Summaries made ahead start below the trigger, so the bound is then proved against
@@ -264,7 +265,7 @@ impl CompactionEngine {
             let settings = planner.settings_for(caller.key).0;
             let share = planner.config.precompute_at.unwrap_or(1.0);
             if provably_under(&body, settings, &planner.windows.bounds(), share) {
-                let outcome = Outcome::uncounted("under_trigger_by_size");
+                let outcome = Outcome::uncounted(Reason::UnderTriggerBySize);
                 return Ok(Compacted::original(body, outcome));
             }
         }
@@ -324,7 +325,7 @@ impl CompactionEngine {
                 None,
             ),
             Offloaded::Busy => (
-                Ok(Compacted::original(body, Outcome::uncounted("busy"))),
+                Ok(Compacted::original(body, Outcome::uncounted(Reason::Busy))),
                 None,
             ),
             Offloaded::Lost => (
@@ -501,7 +502,7 @@ impl CompactionEngine {
             if job.fallback.is_none() {
                 let outcome = Outcome {
                     outputs_cleared: job.outputs_cleared,
-                    ..Outcome::skipped(job.tokens_before, "summary_known_too_large")
+                    ..Outcome::skipped(job.tokens_before, Reason::SummaryKnownTooLarge)
                 };
                 return Ok(Compacted::original(body, outcome));
             }
@@ -520,8 +521,8 @@ impl CompactionEngine {
                         summarizer_ms,
                         cache: cache_use,
                         outputs_cleared: job.outputs_cleared,
-                        reason: job.reason.unwrap_or(failure.label()),
-                        ..Outcome::skipped(job.tokens_before, "")
+                        reason: job.reason.unwrap_or(failure.reason()),
+                        ..Outcome::skipped(job.tokens_before, Reason::None)
                     });
                     return Ok(Compacted {
                         body: Bytes::from(truncated.body),
@@ -552,11 +553,11 @@ impl CompactionEngine {
             headroom_unmet: job.layout.headroom_unmet,
             reason: match (job.reason, &job.previous) {
                 (Some(reason), _) => reason,
-                (None, Some(_)) => "incremental",
-                (None, None) => "fresh",
+                (None, Some(_)) => Reason::Incremental,
+                (None, None) => Reason::Fresh,
             },
             outputs_cleared: job.outputs_cleared,
-            ..Outcome::skipped(job.tokens_before, "")
+            ..Outcome::skipped(job.tokens_before, Reason::None)
         };
         Ok(Compacted {
             body: Bytes::from(rewritten),
@@ -709,8 +710,8 @@ impl CompactionEngine {
         let outcome = Outcome {
             kind: OutcomeKind::Failed,
             cache,
-            reason: failure.label(),
-            ..Outcome::skipped(tokens, "")
+            reason: failure.reason(),
+            ..Outcome::skipped(tokens, Reason::None)
         };
         match self.inner.planner.config.fail_mode {
             FailMode::Open => Ok(Compacted::original(body, outcome)),

@@ -1,5 +1,6 @@
 //! Why compaction was needed but could not be applied.
 
+use crate::compaction::reason::Reason;
 use crate::compaction::summaries::budget::Refusal;
 use crate::compaction::summaries::summarizer::SummaryError;
 
@@ -26,37 +27,45 @@ pub enum CompactionFailure {
 }
 
 impl CompactionFailure {
-    /// Every label [`Self::label`] can return, so metrics can start each at zero.
-    pub const LABELS: [&'static str; 11] = [
-        "summarizer_no_upstream",
-        "summarizer_unreachable",
-        "summarizer_http_error",
-        "summarizer_timeout",
-        "summarizer_blank",
-        "summary_not_smaller",
-        "rewrite_invalid",
-        "budget",
-        "circuit_open",
-        "internal_error",
-        "context_too_large",
+    /// Every reason [`Self::reason`] can return, so metrics can start each at zero.
+    pub const REASONS: [Reason; 11] = [
+        Reason::SummarizerNoUpstream,
+        Reason::SummarizerUnreachable,
+        Reason::SummarizerHttpError,
+        Reason::SummarizerTimeout,
+        Reason::SummarizerBlank,
+        Reason::SummaryNotSmaller,
+        Reason::RewriteInvalid,
+        Reason::Budget,
+        Reason::CircuitOpen,
+        Reason::InternalError,
+        Reason::ContextTooLarge,
     ];
+
+    pub fn reason(&self) -> Reason {
+        match self {
+            CompactionFailure::Summarizer(SummaryError::NoUpstream(_)) => {
+                Reason::SummarizerNoUpstream
+            }
+            CompactionFailure::Summarizer(SummaryError::Transport(_)) => {
+                Reason::SummarizerUnreachable
+            }
+            CompactionFailure::Summarizer(SummaryError::Status(_)) => Reason::SummarizerHttpError,
+            CompactionFailure::Summarizer(SummaryError::Timeout(_)) => Reason::SummarizerTimeout,
+            CompactionFailure::Summarizer(SummaryError::Blank) => Reason::SummarizerBlank,
+            CompactionFailure::NotSmaller => Reason::SummaryNotSmaller,
+            CompactionFailure::RewriteInvalid => Reason::RewriteInvalid,
+            CompactionFailure::Refused(Refusal::Budget) => Reason::Budget,
+            CompactionFailure::TooManyCalls { .. } => Reason::Budget,
+            CompactionFailure::Refused(Refusal::CircuitOpen) => Reason::CircuitOpen,
+            CompactionFailure::Internal => Reason::InternalError,
+            CompactionFailure::ContextTooLarge { .. } => Reason::ContextTooLarge,
+        }
+    }
 
     /// A low-cardinality label for logs and metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            CompactionFailure::Summarizer(SummaryError::NoUpstream(_)) => "summarizer_no_upstream",
-            CompactionFailure::Summarizer(SummaryError::Transport(_)) => "summarizer_unreachable",
-            CompactionFailure::Summarizer(SummaryError::Status(_)) => "summarizer_http_error",
-            CompactionFailure::Summarizer(SummaryError::Timeout(_)) => "summarizer_timeout",
-            CompactionFailure::Summarizer(SummaryError::Blank) => "summarizer_blank",
-            CompactionFailure::NotSmaller => "summary_not_smaller",
-            CompactionFailure::RewriteInvalid => "rewrite_invalid",
-            CompactionFailure::Refused(Refusal::Budget) => "budget",
-            CompactionFailure::TooManyCalls { .. } => "budget",
-            CompactionFailure::Refused(Refusal::CircuitOpen) => "circuit_open",
-            CompactionFailure::Internal => "internal_error",
-            CompactionFailure::ContextTooLarge { .. } => "context_too_large",
-        }
+        self.reason().label()
     }
 }
 
@@ -86,7 +95,7 @@ mod tests {
         ];
         for failure in failures {
             assert!(
-                CompactionFailure::LABELS.contains(&failure.label()),
+                CompactionFailure::REASONS.contains(&failure.reason()),
                 "{failure:?}"
             );
         }

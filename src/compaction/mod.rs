@@ -13,7 +13,7 @@
 //! Orchestration: `engine` (per request), `prepare` (the CPU part), `control` (the request's
 //! control headers), `scope` (tenant and fingerprint), `offload` (CPU work off the reactor),
 //! `windows` (each model's context window), `overflow` (an upstream's context-length error),
-//! `failure` and `outcome` (what happened).
+//! `failure`, `outcome` and `reason` (what happened, and why).
 
 pub mod control;
 pub mod engine;
@@ -24,8 +24,10 @@ mod outcome;
 pub mod overflow;
 pub mod planner;
 pub mod prepare;
+pub mod reason;
 pub mod scope;
 pub mod summaries;
 pub mod windows;
 
 pub use outcome::{CacheUse, Outcome, OutcomeKind};
+pub use reason::Reason;

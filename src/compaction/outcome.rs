@@ -2,6 +2,7 @@
 
 use http::header::{HeaderMap, HeaderValue};
 
+use crate::compaction::reason::Reason;
 use crate::headers;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +40,7 @@ pub struct Outcome {
     pub cache: CacheUse,
     pub headroom_unmet: bool,
     /// Why compaction was skipped or failed, as a short label for logs.
-    pub reason: &'static str,
+    pub reason: Reason,
     /// Whether the tokens were counted: a request skipped before its body was read (switched
     /// off, planner busy, under every trigger by its size alone) has no count to report.
     pub counted: bool,
@@ -52,7 +53,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn skipped(tokens: u64, reason: &'static str) -> Outcome {
+    pub fn skipped(tokens: u64, reason: Reason) -> Outcome {
         Outcome {
             kind: OutcomeKind::Skipped,
             tokens_before: tokens,
@@ -71,7 +72,7 @@ impl Outcome {
     }
 
     /// Skipped without counting the request's tokens.
-    pub fn uncounted(reason: &'static str) -> Outcome {
+    pub fn uncounted(reason: Reason) -> Outcome {
         Outcome {
             counted: false,
             ..Outcome::skipped(0, reason)

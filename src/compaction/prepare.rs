@@ -17,6 +17,7 @@ use crate::compaction::planner::plan::{
 use crate::compaction::planner::rewrite::{apply_cleared, RewriteError, Splice};
 use crate::compaction::planner::structure::Layout;
 use crate::compaction::planner::tokens::TokenModel;
+use crate::compaction::reason::Reason;
 use crate::compaction::scope::{fingerprint, Credentials, Scope};
 use crate::compaction::summaries::cache::{CacheKey, ScopedLookup, Shared, SummaryCache};
 use crate::compaction::summaries::summary_input::{self, InputSettings};
@@ -106,7 +107,7 @@ pub(super) struct Job {
     /// With the `truncate` stage: what to forward when the summary cannot be had.
     pub fallback: Option<Truncated>,
     /// Why this request is compacted, when not for the usual reason.
-    pub reason: Option<&'static str>,
+    pub reason: Option<Reason>,
     /// A summary made ahead of need: what identifies its conversation's base (so one runs per
     /// conversation at a time).
     pub ahead_base: Option<CacheKey>,
@@ -264,7 +265,7 @@ impl Planner {
         let conversation = match parsed {
             Ok(Parsed::Conversation(conversation)) => conversation,
             Ok(Parsed::LeaveAlone(reason)) => return forward(Outcome::uncounted(reason), None),
-            Err(_) => return forward(Outcome::uncounted("unparsable_body"), None),
+            Err(_) => return forward(Outcome::uncounted(Reason::UnparsableBody), None),
         };
         let key = match ask.credentials {
             Credentials::Key(name) => Some(name.as_str()),
@@ -294,7 +295,7 @@ impl Planner {
                 && upstream == ask.upstream,
             model,
             upstream,
-            reason: ask.reactive.map(|_| "reactive"),
+            reason: ask.reactive.map(|_| Reason::Reactive),
         };
         let mut lookup = ScopedLookup::new(&self.cache, ask.fetched, ask.shared, || Scope {
             tenant: ask.credentials.tenant(),
@@ -305,7 +306,7 @@ impl Planner {
         let ahead = match (&plan.decision, self.config.precompute_at) {
             (Decision::PassThrough { reason }, Some(factor))
                 if ask.reactive.is_none()
-                    && matches!(*reason, "under_trigger" | "cleared_under_trigger") =>
+                    && matches!(reason, Reason::UnderTrigger | Reason::ClearedUnderTrigger) =>
             {
                 self.ahead(&context, factor, &mut lookup)
             }
@@ -416,7 +417,7 @@ impl Planner {
             cache: cache_use,
             outputs_cleared: plan.cleared.iter().map(|(_, c)| c.outputs).sum(),
             precompute_started: next.ahead.is_some(),
-            ..Outcome::skipped(plan.tokens_before, "")
+            ..Outcome::skipped(plan.tokens_before, Reason::None)
         };
         // Built only where it may be forwarded: it copies the whole body.
         let truncated = || self.truncated(context, &plan);
@@ -433,7 +434,7 @@ impl Planner {
                 },
             },
             Decision::PassThrough { reason } => {
-                let reason = context.reason.unwrap_or(reason);
+                let reason = context.reason.unwrap_or(*reason);
                 if let Some(truncated) = truncated() {
                     return truncated_body(truncated, Outcome { reason, ..base }, next);
                 }
@@ -459,7 +460,7 @@ impl Planner {
                 let Ok(splice) = self.splice(conversation, layout, &plan.cleared) else {
                     let outcome = Outcome {
                         kind: OutcomeKind::Failed,
-                        reason: "rewrite_invalid",
+                        reason: Reason::RewriteInvalid,
                         ..base
                     };
                     return Prepared::Forward { outcome, next };
@@ -470,8 +471,8 @@ impl Planner {
                     .is_some_and(|chain| self.cache.take_made_ahead(&chain[layout.cut]));
                 let reason = match (context.reason, announce) {
                     (Some(reason), _) => reason,
-                    (None, true) => "precomputed",
-                    (None, false) => "sticky",
+                    (None, true) => Reason::Precomputed,
+                    (None, false) => Reason::Sticky,
                 };
                 Prepared::Rewritten {
                     body: splice.apply(context.body, &summary.text, self.config.summary_role),
@@ -500,14 +501,14 @@ impl Planner {
                         Some(truncated) => truncated_body(
                             truncated,
                             Outcome {
-                                reason: context.reason.unwrap_or("wont_fit"),
+                                reason: context.reason.unwrap_or(Reason::WontFit),
                                 ..base
                             },
                             next,
                         ),
                         None => Prepared::Forward {
                             outcome: Outcome {
-                                reason: "wont_fit",
+                                reason: Reason::WontFit,
                                 ..base
                             },
                             next,
@@ -565,18 +566,18 @@ impl Planner {
         previous: &Option<CachedSummary>,
         replaced_tokens: u64,
         lookup: &mut ScopedLookup<'_>,
-    ) -> Result<Job, (OutcomeKind, &'static str)> {
+    ) -> Result<Job, (OutcomeKind, Reason)> {
         let conversation = context.conversation;
         let chain = plan
             .chain
             .as_ref()
-            .ok_or((OutcomeKind::Skipped, "no_chain"))?;
+            .ok_or((OutcomeKind::Skipped, Reason::NoChain))?;
         if context.model.is_empty() {
-            return Err((OutcomeKind::Skipped, "no_model"));
+            return Err((OutcomeKind::Skipped, Reason::NoModel));
         }
         let splice = self
             .splice(conversation, layout, &plan.cleared)
-            .map_err(|_| (OutcomeKind::Failed, "rewrite_invalid"))?;
+            .map_err(|_| (OutcomeKind::Failed, Reason::RewriteInvalid))?;
         let input = summary_input::select_cleared(
             conversation,
             to_summarize,
@@ -637,7 +638,7 @@ struct Context<'c, 'a> {
     client_credentials: bool,
     model: String,
     upstream: String,
-    reason: Option<&'static str>,
+    reason: Option<Reason>,
 }
 
 fn forward(outcome: Outcome, window: Option<u64>) -> Prepared {

@@ -11,6 +11,7 @@ use compactor::compaction::planner::skills::SkillRescue;
 use compactor::compaction::planner::structure::{validate, Layout};
 use compactor::compaction::planner::tokens::TokenModel;
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
+use compactor::compaction::Reason;
 use compactor::config::{ContextSize, Oversize, SummaryRole};
 use serde_json::{json, Value};
 
@@ -307,7 +308,7 @@ fn under_every_trigger_passes_through_without_looking_at_the_cache() {
     assert_eq!(
         plan.decision,
         Decision::PassThrough {
-            reason: "under_trigger"
+            reason: Reason::UnderTrigger
         }
     );
     assert_eq!(lookup.0, 0);

@@ -201,7 +201,9 @@ async fn session(precompute_at: Option<f64>) -> Session {
         let outcome = &result.outcome;
         match outcome.kind {
             OutcomeKind::Summarized => waited += 1,
-            OutcomeKind::Reused if outcome.reason == "precomputed" || announced.len() < 3 => {
+            OutcomeKind::Reused
+                if outcome.reason.label() == "precomputed" || announced.len() < 3 =>
+            {
                 let notice = result.notice_for(StatusCode::OK, &sse).is_some();
                 announced.push((outcome.reason.to_string(), notice));
             }

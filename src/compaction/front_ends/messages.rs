@@ -30,6 +30,7 @@ use crate::compaction::planner::conversation::{
     Role, ToolCall, ToolOutput,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
 
 #[derive(Deserialize)]
@@ -150,7 +151,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let view: RequestView<'_> =
         serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
     if view.context_management.is_some_and(provider_compacts) {
-        return Ok(Parsed::LeaveAlone("context_management"));
+        return Ok(Parsed::LeaveAlone(Reason::ContextManagement));
     }
     let Some(fields) = view.messages else {
         return Err(ParseError::NotChat("no messages array".into()));
@@ -179,7 +180,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
 }
 
 enum Unplannable {
-    LeaveAlone(&'static str),
+    LeaveAlone(Reason),
     Bad(String),
 }
 
@@ -216,7 +217,7 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
                 breakpoint = block.cache_control;
             }
             match block.kind.as_deref() {
-                Some("compaction") => return Err(Unplannable::LeaveAlone("compaction_block")),
+                Some("compaction") => return Err(Unplannable::LeaveAlone(Reason::CompactionBlock)),
                 Some("tool_use") if assistant => calls.push(ToolCall {
                     id: block.id.unwrap_or(Cow::Borrowed("")),
                     name: block.name.unwrap_or(Cow::Borrowed("")),
@@ -393,7 +394,7 @@ mod tests {
     #[test]
     fn native_compaction_is_left_alone() {
         let left_alone = |body: serde_json::Value| match parse(body.to_string().as_bytes()) {
-            Ok(Parsed::LeaveAlone(reason)) => reason,
+            Ok(Parsed::LeaveAlone(reason)) => reason.label(),
             _ => panic!("planned: {body}"),
         };
         assert_eq!(

@@ -5,6 +5,7 @@
 
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{Conversation, ParseError};
+use crate::compaction::reason::Reason;
 
 pub mod chat;
 pub mod messages;
@@ -25,7 +26,7 @@ pub enum Api {
 #[derive(Debug)]
 pub enum Parsed<'a> {
     Conversation(Conversation<'a>),
-    LeaveAlone(&'static str),
+    LeaveAlone(Reason),
 }
 
 pub trait FrontEnd: Dialect {

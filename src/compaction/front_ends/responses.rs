@@ -23,6 +23,7 @@ use crate::compaction::planner::conversation::{
     object_span, offset_in, raw_members, string_value, Conversation, Message, ParseError, ToolCall,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
 
 #[derive(Deserialize)]
@@ -178,18 +179,18 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let view: RequestView<'_> =
         serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
     if present(view.previous_response_id) {
-        return Ok(Parsed::LeaveAlone("previous_response_id"));
+        return Ok(Parsed::LeaveAlone(Reason::PreviousResponseId));
     }
     if present(view.conversation) {
-        return Ok(Parsed::LeaveAlone("conversation"));
+        return Ok(Parsed::LeaveAlone(Reason::ConversationId));
     }
     if present(view.context_management) {
-        return Ok(Parsed::LeaveAlone("context_management"));
+        return Ok(Parsed::LeaveAlone(Reason::ContextManagement));
     }
     let items = match view.input {
         Some(Input::Items(items)) => items,
-        Some(Input::Text) => return Ok(Parsed::LeaveAlone("string_input")),
-        None => return Ok(Parsed::LeaveAlone("no_input")),
+        Some(Input::Text) => return Ok(Parsed::LeaveAlone(Reason::StringInput)),
+        None => return Ok(Parsed::LeaveAlone(Reason::NoInput)),
     };
     let mut messages = Vec::with_capacity(items.len());
     for (i, fields) in items.iter().enumerate() {
@@ -215,7 +216,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
 }
 
 enum Unplannable {
-    LeaveAlone(&'static str),
+    LeaveAlone(Reason),
     Bad(String),
 }
 
@@ -285,8 +286,8 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
             let id = required(item.approval_request_id, "approval_request_id")?;
             Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
         }
-        "item_reference" => return Err(Unplannable::LeaveAlone("item_reference")),
-        "compaction_trigger" => return Err(Unplannable::LeaveAlone("compaction_trigger")),
+        "item_reference" => return Err(Unplannable::LeaveAlone(Reason::ItemReference)),
+        "compaction_trigger" => return Err(Unplannable::LeaveAlone(Reason::CompactionTrigger)),
         "reasoning" => Message::from_item(
             raw,
             Cow::Borrowed("reasoning"),
@@ -436,7 +437,7 @@ mod tests {
     fn left_alone(body: serde_json::Value) -> &'static str {
         let text = body.to_string();
         match parse(text.as_bytes()).unwrap() {
-            Parsed::LeaveAlone(reason) => reason,
+            Parsed::LeaveAlone(reason) => reason.label(),
             Parsed::Conversation(_) => panic!("planned: {text}"),
         }
     }

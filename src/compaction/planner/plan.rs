@@ -11,6 +11,7 @@ use crate::compaction::planner::digest::{prefix_chain, Digest};
 use crate::compaction::planner::skills::{skill_bundles, SkillBundle, SkillRescue};
 use crate::compaction::planner::structure::{validate_layout, Groups, Layout, Split};
 use crate::compaction::planner::tokens::TokenModel;
+use crate::compaction::reason::Reason;
 use crate::config::{ContextSize, Stage, SummarizationConfig};
 
 /// At most this many prefixes of a conversation are asked of a shared tier (the longest).
@@ -184,7 +185,7 @@ impl Threshold {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Forward the original bytes (with the cleared outputs of [`Plan::cleared`], if any).
-    PassThrough { reason: &'static str },
+    PassThrough { reason: Reason },
     /// Use this cached summary; no summarizer call.
     Reuse {
         layout: Layout,
@@ -307,7 +308,7 @@ pub fn plan_in(
         Mode::Ahead { factor } => over_any(&thresholds, tokens, count, factor),
     };
     if !reached(tokens_before) {
-        return pass("under_trigger");
+        return pass(Reason::UnderTrigger);
     }
     let mut analysis = Analysis::new(conversation, settings, model, tokens, thresholds.clone());
     let cleared = match settings.stages.clear_min_tokens {
@@ -337,13 +338,28 @@ pub fn plan_in(
     };
     let pass_through = |reason| Decision::PassThrough { reason };
     if tokens_cleared < tokens_before && !reached(tokens_cleared) {
-        return finish(pass_through("cleared_under_trigger"), None, false, analysis);
+        return finish(
+            pass_through(Reason::ClearedUnderTrigger),
+            None,
+            false,
+            analysis,
+        );
     }
     if !settings.stages.summarize {
-        return finish(pass_through("no_summarize_stage"), None, false, analysis);
+        return finish(
+            pass_through(Reason::NoSummarizeStage),
+            None,
+            false,
+            analysis,
+        );
     }
     if analysis.max_cut <= analysis.head {
-        return finish(pass_through("nothing_to_summarize"), None, false, analysis);
+        return finish(
+            pass_through(Reason::NothingToSummarize),
+            None,
+            false,
+            analysis,
+        );
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
     let mut cached = analysis.cached(&chain, cache, mode);
@@ -380,7 +396,7 @@ pub fn plan_in(
     // unanswered call or an orphan result) is never worth a summarizer call.
     if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
         if validate_layout(&conversation.messages, layout).is_err() {
-            decision = pass_through("invalid_tool_structure");
+            decision = pass_through(Reason::InvalidToolStructure);
         }
     }
     finish(decision, Some(chain), cached.is_some(), analysis)
@@ -897,14 +913,14 @@ impl Analysis {
         let layout = self.apply_headroom(settings, start, self.head, &[], goal);
         if layout.summarized(self.head, |_| true).is_empty() {
             return Decision::PassThrough {
-                reason: "nothing_to_summarize",
+                reason: Reason::NothingToSummarize,
             };
         }
         let Some((layout, to_summarize)) =
             self.widen_to_span(settings, layout, self.head, &[], |_| true, goal)
         else {
             return Decision::PassThrough {
-                reason: "span_too_small",
+                reason: Reason::SpanTooSmall,
             };
         };
         Decision::Summarize {
