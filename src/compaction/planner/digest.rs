@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 
 use crate::compaction::planner::conversation::Message;
+use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 
 pub type Digest = [u8; 32];
 
@@ -123,9 +124,9 @@ fn decode_string_into(body: &str, out: &mut Vec<u8>) {
         out.extend_from_slice(&bytes[start..i]);
         let (decoded, used) = decode_escape(body, i);
         match decoded {
-            Ok(c) => out.extend_from_slice(c.encode_utf8(&mut [0u8; 4]).as_bytes()),
+            Escaped::Char(c) => out.extend_from_slice(c.encode_utf8(&mut [0u8; 4]).as_bytes()),
             // A lone surrogate has no UTF-8 form; its WTF-8 bytes keep it apart from U+FFFD.
-            Err(code) => out.extend_from_slice(&[
+            Escaped::LoneSurrogate(code) => out.extend_from_slice(&[
                 0xE0 | (code >> 12) as u8,
                 0x80 | ((code >> 6) & 0x3F) as u8,
                 0x80 | (code & 0x3F) as u8,
@@ -135,38 +136,6 @@ fn decode_string_into(body: &str, out: &mut Vec<u8>) {
         start = i;
     }
     out.extend_from_slice(&bytes[start..]);
-}
-
-/// The character an escape at `at` stands for (Err: a lone surrogate's code), and how many bytes
-/// the escape used.
-fn decode_escape(body: &str, at: usize) -> (Result<char, u32>, usize) {
-    let hex = |from: usize| {
-        body.get(from..from + 4)
-            .and_then(|h| u32::from_str_radix(h, 16).ok())
-    };
-    match body.as_bytes().get(at + 1) {
-        Some(b'n') => (Ok('\n'), 2),
-        Some(b't') => (Ok('\t'), 2),
-        Some(b'r') => (Ok('\r'), 2),
-        Some(b'b') => (Ok('\u{8}'), 2),
-        Some(b'f') => (Ok('\u{c}'), 2),
-        Some(b'u') => match hex(at + 2) {
-            Some(high @ 0xD800..=0xDBFF) if body.get(at + 6..at + 8) == Some("\\u") => {
-                match hex(at + 8) {
-                    Some(low @ 0xDC00..=0xDFFF) => (
-                        char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
-                            .ok_or(high),
-                        12,
-                    ),
-                    _ => (Err(high), 6),
-                }
-            }
-            Some(code) => (char::from_u32(code).ok_or(code), 6),
-            None => (Ok('\u{fffd}'), 2),
-        },
-        Some(&other) => (Ok(other as char), 2),
-        None => (Ok('\\'), 1),
-    }
 }
 
 /// Any JSON value with sorted keys and no whitespace (strings decoded), written in the one

@@ -4,6 +4,7 @@
 pub mod clearing;
 pub mod conversation;
 pub mod digest;
+pub mod json_escape;
 pub mod plan;
 pub mod rewrite;
 pub mod size_bound;

@@ -3,6 +3,7 @@
 //! flat 85 (configurable); CJK and other wide characters one token each; plus the request's
 //! `tools` schemas. Counting works on the raw JSON text, so no message content is copied.
 
+use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 use wildmatch::WildMatch;
 
 use crate::config::ModelConfig;
@@ -161,39 +162,12 @@ pub fn json_string_chars(raw: &str) -> CharCount {
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'\\' {
-            match bytes.get(i + 1) {
-                Some(b'u') => {
-                    let code = inner
-                        .get(i + 2..i + 6)
-                        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-                        .unwrap_or(0);
-                    i += 6;
-                    // A low surrogate completes a pair already counted at its high half.
-                    if (0xDC00..=0xDFFF).contains(&code) {
-                        continue;
-                    }
-                    if (0xD800..=0xDBFF).contains(&code) {
-                        // Supplementary planes: decode the pair when it is there.
-                        let low = inner
-                            .get(i + 2..i + 6)
-                            .filter(|_| inner.as_bytes().get(i) == Some(&b'\\'))
-                            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-                            .filter(|low| (0xDC00..=0xDFFF).contains(low));
-                        let c = low
-                            .map(|low| 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00))
-                            .and_then(char::from_u32)
-                            .unwrap_or('?');
-                        count.push(c);
-                    } else {
-                        count.push(char::from_u32(code).unwrap_or('?'));
-                    }
-                }
-                Some(_) => {
-                    count.narrow += 1;
-                    i += 2;
-                }
-                None => i += 1,
-            }
+            let (escaped, used) = decode_escape(inner, i);
+            count.push(match escaped {
+                Escaped::Char(c) => c,
+                Escaped::LoneSurrogate(_) => '?',
+            });
+            i += used;
         } else if b < 0x80 {
             let start = i;
             i = plain_ascii_run_end(bytes, i);

@@ -10,6 +10,7 @@ use serde_json::value::RawValue;
 use crate::compaction::planner::clearing::Cleared;
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{Conversation, Message, PartView};
+use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 use crate::compaction::planner::tokens::{is_wide, CharCount, TokenModel};
 use crate::config::Oversize;
 
@@ -697,41 +698,16 @@ pub fn json_text(raw: &str) -> Option<Cow<'_, str>> {
         return Some(text);
     }
     let body = raw.strip_prefix('"')?.strip_suffix('"')?;
-    let hex = |at: usize| {
-        body.get(at..at + 4)
-            .and_then(|h| u32::from_str_radix(h, 16).ok())
-    };
     let mut out = String::with_capacity(body.len());
     let mut i = 0;
     while let Some(offset) = body[i..].find('\\') {
         out.push_str(&body[i..i + offset]);
         i += offset;
-        let escape = body.as_bytes().get(i + 1).copied()?;
-        let (text, used): (Cow<'_, str>, usize) = match escape {
-            b'n' => ("\n".into(), 2),
-            b't' => ("\t".into(), 2),
-            b'r' => ("\r".into(), 2),
-            b'b' => ("\u{8}".into(), 2),
-            b'f' => ("\u{c}".into(), 2),
-            b'u' => {
-                let code = hex(i + 2)?;
-                let low = (body.get(i + 6..i + 8) == Some("\\u"))
-                    .then(|| hex(i + 8))
-                    .flatten();
-                match (code, low) {
-                    (0xD800..=0xDBFF, Some(low @ 0xDC00..=0xDFFF)) => {
-                        let c = char::from_u32(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00))?;
-                        (c.to_string().into(), 12)
-                    }
-                    _ => match char::from_u32(code) {
-                        Some(c) => (c.to_string().into(), 6),
-                        None => (Cow::Borrowed(&body[i..i + 6]), 6),
-                    },
-                }
-            }
-            other => ((other as char).to_string().into(), 2),
-        };
-        out.push_str(&text);
+        let (escaped, used) = decode_escape(body, i);
+        match escaped {
+            Escaped::Char(c) => out.push(c),
+            Escaped::LoneSurrogate(_) => out.push_str(body.get(i..i + used)?),
+        }
         i += used;
     }
     out.push_str(&body[i..]);
