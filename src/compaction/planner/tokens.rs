@@ -247,6 +247,12 @@ mod tests {
             CharCount { narrow: 2, wide: 0 }
         );
         assert_eq!(json_string_chars(r#""""#), CharCount::default());
+        // A lone surrogate of either half is one character, as the digest and the transcript
+        // read it.
+        assert_eq!(
+            json_string_chars(r#""\ude00x\ud83d""#),
+            CharCount { narrow: 3, wide: 0 }
+        );
     }
 
     #[test]
