@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs anthropic_ts.mjs against compactor (mocks on loopback) with the TypeScript SDK version
 # given as $1 (default 1.16.0). Needs node and npm; not part of the test suite, which cannot
-# assume node: its findings are recorded in README ("The Messages API").
+# assume node: its findings are recorded in docs/apis.md ("The Messages API").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 version=${1:-1.16.0}
