@@ -19,21 +19,20 @@ use crate::compaction::front_ends::Api;
 use crate::compaction::offload::{CpuPool, Offloaded};
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::size_bound::provably_under;
-use crate::compaction::planner::structure::Split;
 use crate::compaction::planner::tokens::TokenModel;
 use crate::compaction::prepare::{Ask, Job, Next, Planner, Prepared, Reactive};
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::summaries::budget::SummarizerBudget;
-use crate::compaction::summaries::cache::{CacheKey, Shared};
-use crate::compaction::summaries::redis_tier::{Lease, LeaseGuard, RedisTier, Stored};
+use crate::compaction::summaries::cache::CacheKey;
 use crate::compaction::summaries::single_flight::SingleFlight;
+use crate::compaction::summaries::store::Claim;
 use crate::compaction::summaries::summarizer::{
     HttpSummarizer, Summarizer, SummaryError, SummaryRequest,
 };
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
-use crate::config::{CacheBackend, Config, FailMode, NoticeMode, SummarizationConfig};
+use crate::config::{Config, FailMode, NoticeMode, SummarizationConfig};
 use crate::headers;
 use crate::metrics::Metrics;
 use crate::notice::Notice;
@@ -50,8 +49,6 @@ type FlightResult = Result<Arc<CachedSummary>, CompactionFailure>;
 struct Inner {
     planner: Planner,
     metrics: Arc<Metrics>,
-    /// The replicas' shared tier (`cache.backend: redis`).
-    tier: Option<RedisTier>,
     flights: SingleFlight<FlightResult>,
     budget: SummarizerBudget,
     summarizer: Arc<dyn Summarizer>,
@@ -157,28 +154,9 @@ impl CompactionEngine {
         previous: Option<&CompactionEngine>,
     ) -> CompactionEngine {
         metrics.known_failures(&CompactionFailure::REASONS);
-        let tier = match config.cache.backend {
-            CacheBackend::Memory => None,
-            CacheBackend::Redis => {
-                let kept = previous
-                    .and_then(|p| p.inner.tier.clone())
-                    .filter(|tier| tier.made_with(&config.cache.redis));
-                match kept {
-                    Some(tier) => Some(tier),
-                    None => match RedisTier::new(&config.cache.redis, metrics.clone()) {
-                        Ok(tier) => Some(tier),
-                        Err(e) => {
-                            tracing::error!("the shared summary cache is off: {e}");
-                            None
-                        }
-                    },
-                }
-            }
-        };
         CompactionEngine {
             inner: Arc::new(Inner {
-                planner: Planner::new(config, previous.map(|p| &p.inner.planner)),
-                tier,
+                planner: Planner::new(config, previous.map(|p| &p.inner.planner), &metrics),
                 metrics,
                 flights: SingleFlight::default(),
                 budget: SummarizerBudget::new(&config.summarization),
@@ -193,12 +171,12 @@ impl CompactionEngine {
     }
 
     pub fn cached_summaries(&self) -> usize {
-        self.inner.planner.cache.len()
+        self.inner.planner.store.local().len()
     }
 
     /// Entries in the summary cache and the bytes they weigh.
     pub fn cache_size(&self) -> (u64, u64) {
-        let cache = &self.inner.planner.cache;
+        let cache = self.inner.planner.store.local();
         (cache.len() as u64, cache.weight())
     }
 
@@ -280,14 +258,8 @@ impl CompactionEngine {
             force: control == Control::Force,
             api,
             reactive,
-            fetched: &[],
-            shared: match self.inner.remote() {
-                Some(_) => Shared::Ask,
-                None => Shared::Off,
-            },
         };
         let prepared = self.prepare(&body, &ask).await;
-        let prepared = self.with_shared_tier(prepared, &body, ask).await;
         let (result, window) = match prepared {
             Offloaded::Done(Prepared::Forward { outcome, next }) => {
                 let window = self.start_ahead(next, headers);
@@ -319,11 +291,6 @@ impl CompactionEngine {
                     window,
                 )
             }
-            // Only ever returned to a first pass, which asks again.
-            Offloaded::Done(Prepared::AskShared { .. }) => (
-                self.failed(body, 0, CompactionFailure::Internal, CacheUse::NotConsulted),
-                None,
-            ),
             Offloaded::Busy => (
                 Ok(Compacted::original(body, Outcome::uncounted(Reason::Busy))),
                 None,
@@ -336,8 +303,13 @@ impl CompactionEngine {
         self.fits(result, window)
     }
 
-    /// The CPU part, off the reactor for large bodies.
+    /// The preparation: inline for a small body; for a large one, on a pool thread, as one
+    /// future, so the body is parsed once even when the shared tier is asked in the middle
+    /// (that thread waits out the round trip).
     async fn prepare(&self, body: &Bytes, ask: &Ask<'_>) -> Offloaded<Prepared> {
+        if !CpuPool::offloads(body.len()) {
+            return Offloaded::Done(self.inner.planner.prepare(body, ask).await);
+        }
         let inner = self.inner.clone();
         let body = body.clone();
         let credentials = match ask.credentials {
@@ -345,80 +317,21 @@ impl CompactionEngine {
             Credentials::Headers(values) => Credentials::Headers(values.clone()),
         };
         let upstream = ask.upstream.to_string();
-        let fetched = ask.fetched.to_vec();
         let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
-        let asks_shared = matches!(ask.shared, Shared::Ask);
-        // On the pool's threads the shared tier is asked in the middle of planning (blocking
-        // there is allowed), which saves a second parse of a large body; inline, planning stops
-        // and the caller asks.
-        let fetches = asks_shared && CpuPool::offloads(body.len());
-        let runtime = fetches.then(tokio::runtime::Handle::current);
+        let runtime = tokio::runtime::Handle::current();
         self.inner
             .pool
             .run(body.len(), move || {
-                let tier = inner.remote().cloned();
-                let fetch = |keys: &[CacheKey]| match (&tier, &runtime) {
-                    (Some(tier), Some(runtime)) => {
-                        let found = runtime.block_on(tier.get_many(keys));
-                        inner.metrics.remote_lookup(!found.is_empty());
-                        found
-                    }
-                    _ => Vec::new(),
-                };
                 let ask = Ask {
                     credentials: &credentials,
                     upstream: &upstream,
                     force,
                     api,
                     reactive,
-                    fetched: &fetched,
-                    shared: match (asks_shared, fetches) {
-                        (false, _) => Shared::Off,
-                        (true, false) => Shared::Ask,
-                        (true, true) => Shared::Fetch(&fetch),
-                    },
                 };
-                inner.planner.prepare(&body, &ask)
+                runtime.block_on(inner.planner.prepare(&body, &ask))
             })
             .await
-    }
-
-    /// Where the first pass needs the replicas' shared tier (nothing cached here, or a summary
-    /// about to be paid for), asks it for the conversation's prefixes and plans again with what
-    /// it holds.
-    async fn with_shared_tier(
-        &self,
-        prepared: Offloaded<Prepared>,
-        body: &Bytes,
-        ask: Ask<'_>,
-    ) -> Offloaded<Prepared> {
-        let keys = match &prepared {
-            Offloaded::Done(Prepared::AskShared { keys }) => keys,
-            Offloaded::Done(Prepared::Summarize(job)) if !job.remote_keys.is_empty() => {
-                &job.remote_keys
-            }
-            _ => return prepared,
-        };
-        let fetched = match self.inner.remote() {
-            Some(tier) => tier.get_many(keys).await,
-            None => Vec::new(),
-        };
-        self.inner.metrics.remote_lookup(!fetched.is_empty());
-        if fetched.is_empty() && !matches!(prepared, Offloaded::Done(Prepared::AskShared { .. })) {
-            return prepared;
-        }
-        for (key, summary) in &fetched {
-            self.inner
-                .planner
-                .cache
-                .insert(*key, Arc::new(summary.clone()));
-        }
-        let again = Ask {
-            fetched: &fetched,
-            shared: Shared::Off,
-            ..ask
-        };
-        self.prepare(body, &again).await
     }
 
     /// With `fail_mode: closed`, a request still over the model's window after every stage is
@@ -464,7 +377,8 @@ impl CompactionEngine {
             let _running = running;
             let flight = job.flight_key();
             let cap = engine.inner.planner.config.max_summarizer_calls;
-            if job.chunks.len() as u64 > cap || engine.inner.planner.cache.known_too_large(&flight)
+            if job.chunks.len() as u64 > cap
+                || engine.inner.planner.store.local().known_too_large(&flight)
             {
                 return;
             }
@@ -498,7 +412,7 @@ impl CompactionEngine {
         let started = Instant::now();
         let summary = if calls > cap {
             Err(CompactionFailure::TooManyCalls { calls, cap })
-        } else if self.inner.planner.cache.known_too_large(&flight) {
+        } else if self.inner.planner.store.local().known_too_large(&flight) {
             if job.fallback.is_none() {
                 let outcome = Outcome {
                     outputs_cleared: job.outputs_cleared,
@@ -618,30 +532,16 @@ impl CompactionEngine {
             .join(flight, move || {
                 async move {
                     let planner = &inner.planner;
+                    let store = &planner.store;
                     let layout = (cut, excluded, splits);
                     // Across replicas: the summary another one made, or is making, first.
-                    let lease = match inner.remote() {
-                        None => None,
-                        Some(tier) => match inner
-                            .remote_flight(tier, &key, &flight, &layout, bound)
-                            .await
-                        {
-                            Remote::Made(summary) => {
-                                let summary = Arc::new(summary);
-                                planner.cache.insert(key, summary.clone());
-                                return Ok(summary);
-                            }
-                            Remote::TooLarge => {
-                                planner.cache.remember_too_large(flight);
-                                return Err(CompactionFailure::NotSmaller);
-                            }
-                            Remote::TimedOut => {
-                                return Err(CompactionFailure::Summarizer(SummaryError::Timeout(
-                                    bound,
-                                )))
-                            }
-                            Remote::Make(lease) => lease,
-                        },
+                    let lease = match store.claim(&key, &flight, &layout, bound).await {
+                        Claim::Made(summary) => return Ok(Arc::new(summary)),
+                        Claim::TooLarge => return Err(CompactionFailure::NotSmaller),
+                        Claim::TimedOut => {
+                            return Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound)))
+                        }
+                        Claim::Make(lease) => lease,
                     };
                     let (cut, excluded, splits) = layout;
                     let ticket = inner
@@ -651,7 +551,6 @@ impl CompactionEngine {
                         let text = inner.fold_chunks(&request, previous, &chunks).await?;
                         let tokens = summary_tokens(&text, &planner.config, &token_model);
                         if tokens >= replaced_tokens {
-                            planner.cache.remember_too_large(flight);
                             return Err(CompactionFailure::NotSmaller);
                         }
                         let summary = Arc::new(CachedSummary {
@@ -661,10 +560,6 @@ impl CompactionEngine {
                             text,
                             tokens,
                         });
-                        if ahead {
-                            planner.cache.mark_made_ahead(key);
-                        }
-                        planner.cache.insert(key, summary.clone());
                         Ok(summary)
                     };
                     let result = match tokio::time::timeout(bound, made).await {
@@ -676,14 +571,10 @@ impl CompactionEngine {
                     inner
                         .budget
                         .record(&ticket, !summarizer_failed, Instant::now());
-                    if let Some(tier) = inner.remote() {
-                        match &result {
-                            Ok(summary) => tier.put(&key, summary).await,
-                            Err(CompactionFailure::NotSmaller) => {
-                                tier.mark_too_large(&flight).await
-                            }
-                            Err(_) => {}
-                        }
+                    match &result {
+                        Ok(summary) => store.keep(key, summary, ahead).await,
+                        Err(CompactionFailure::NotSmaller) => store.too_large(flight).await,
+                        Err(_) => {}
                     }
                     if let Some(lease) = lease {
                         lease.release().await;
@@ -723,92 +614,7 @@ impl CompactionEngine {
     }
 }
 
-/// What the replicas' shared tier says about a summary this replica needs.
-enum Remote {
-    /// Another replica made it (or had made it before).
-    Made(CachedSummary),
-    /// Another replica found it not smaller than what it replaces.
-    TooLarge,
-    /// Make it here, holding the lease when Redis gave one.
-    Make(Option<LeaseGuard>),
-    /// Another replica was making it for longer than a run may take.
-    TimedOut,
-}
-
-/// Counts a request among those waiting on another replica's summary while it exists.
-struct WaitGauge(Arc<Metrics>);
-
-impl WaitGauge {
-    fn new(metrics: Arc<Metrics>) -> WaitGauge {
-        metrics.lease_waiting(true);
-        WaitGauge(metrics)
-    }
-}
-
-impl Drop for WaitGauge {
-    fn drop(&mut self) {
-        self.0.lease_waiting(false);
-    }
-}
-
-/// Waits for another replica's summary start at this and double up to the cap.
-const FIRST_POLL: Duration = Duration::from_millis(20);
-const MAX_POLL: Duration = Duration::from_millis(250);
-
 impl Inner {
-    /// Asks the shared tier for the summary of one layout, waiting while another replica
-    /// holds its lease; a lease that runs out (its owner died) is taken over.
-    async fn remote_flight(
-        &self,
-        tier: &RedisTier,
-        key: &CacheKey,
-        flight: &CacheKey,
-        layout: &(usize, Vec<usize>, Vec<Split>),
-        bound: Duration,
-    ) -> Remote {
-        let deadline = Instant::now() + bound;
-        let mut poll = FIRST_POLL;
-        let mut waiting: Option<WaitGauge> = None;
-        loop {
-            match tier.stored(key, flight).await {
-                Stored::Summary(summary)
-                    if (summary.cut, &summary.excluded, &summary.splits)
-                        == (layout.0, &layout.1, &layout.2) =>
-                {
-                    waiting.take();
-                    self.metrics.lease("joined");
-                    return Remote::Made(summary);
-                }
-                Stored::TooLarge => return Remote::TooLarge,
-                _ => {}
-            }
-            match tier.lease(flight).await {
-                Lease::Held(guard) => {
-                    let took_over = waiting.take().is_some();
-                    self.metrics
-                        .lease(if took_over { "taken_over" } else { "made" });
-                    return Remote::Make(Some(guard));
-                }
-                Lease::Unavailable => return Remote::Make(None),
-                Lease::Taken => {}
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                waiting.take();
-                self.metrics.lease("timeout");
-                return Remote::TimedOut;
-            }
-            waiting.get_or_insert_with(|| WaitGauge::new(self.metrics.clone()));
-            tokio::time::sleep(poll.min(deadline - now)).await;
-            poll = (poll * 2).min(MAX_POLL);
-        }
-    }
-
-    /// The shared tier, while it is being asked.
-    fn remote(&self) -> Option<&RedisTier> {
-        self.tier.as_ref().filter(|tier| tier.available())
-    }
-
     /// Summarizes the chunks in order, each folded into the next; one chunk is one call.
     async fn fold_chunks(
         &self,

@@ -1,6 +1,6 @@
-//! The CPU part of compacting one request, run off the reactor for large bodies: parse, the
-//! threshold, the stages (clear, cache lookup and plan, truncation as a fallback), and for
-//! anything that needs no summarizer call, the new body itself. What needs a call is handed to
+//! Preparing one request, off the reactor for large bodies: parse once, the threshold, the
+//! stages (clear, the summaries on hand from the store, plan, truncation as a fallback), and
+//! for anything that needs no summarizer call, the new body itself. What needs a call is handed to
 //! the engine as a [`Job`]; a summary worth making ahead of need as a second one.
 
 use std::collections::HashMap;
@@ -12,18 +12,20 @@ use crate::compaction::planner::clearing::Cleared;
 use crate::compaction::planner::conversation::Conversation;
 use crate::compaction::planner::digest::hash_parts;
 use crate::compaction::planner::plan::{
-    self, CachedSummary, Decision, Mode, Plan, PlanSettings, SharedTier, SummaryLookup,
+    self, Analysed, CachedSummary, Decision, Mode, Plan, PlanSettings, Ready,
 };
 use crate::compaction::planner::rewrite::{apply_cleared, RewriteError, Splice};
 use crate::compaction::planner::structure::Layout;
 use crate::compaction::planner::tokens::TokenModel;
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{fingerprint, Credentials, Scope};
-use crate::compaction::summaries::cache::{CacheKey, ScopedLookup, Shared, SummaryCache};
+use crate::compaction::summaries::cache::{CacheKey, ScopedLookup};
+use crate::compaction::summaries::store::SummaryStore;
 use crate::compaction::summaries::summary_input::{self, InputSettings};
 use crate::compaction::windows::{learned_window, Windows};
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
 use crate::config::{Config, SummarizationConfig};
+use crate::metrics::Metrics;
 
 /// The prompt's own words and the previous summary's framing, besides the transcript.
 const PROMPT_ALLOWANCE_TOKENS: u64 = 1024;
@@ -47,9 +49,6 @@ pub(super) enum Prepared {
     },
     /// A summary must be made (or joined) first.
     Summarize(Box<Job>),
-    /// Nothing is cached here: ask the shared tier for these prefixes (longest first), then
-    /// plan again.
-    AskShared { keys: Vec<CacheKey> },
 }
 
 /// What a forwarded request leaves to do: its window (for `fail_mode: closed`), and a
@@ -111,9 +110,6 @@ pub(super) struct Job {
     /// A summary made ahead of need: what identifies its conversation's base (so one runs per
     /// conversation at a time).
     pub ahead_base: Option<CacheKey>,
-    /// The prefixes a shared tier may hold a summary for (longest first), not in the local
-    /// cache: asked before this summary is paid for.
-    pub remote_keys: Vec<CacheKey>,
 }
 
 impl Job {
@@ -153,10 +149,6 @@ pub(super) struct Ask<'r> {
     pub force: bool,
     pub api: Api,
     pub reactive: Option<Reactive>,
-    /// Summaries a shared tier held for this conversation (planning again after asking it).
-    pub fetched: &'r [(CacheKey, CachedSummary)],
-    /// How the replicas' shared tier is reached when nothing is cached here.
-    pub shared: Shared<'r>,
 }
 
 /// A client key's own compaction settings.
@@ -172,13 +164,13 @@ pub(super) struct Planner {
     /// Client keys with triggers or a summarizer model of their own, by key name.
     per_key: HashMap<String, KeySettings>,
     pub windows: Windows,
-    pub cache: Arc<SummaryCache>,
+    pub store: SummaryStore,
 }
 
 impl Planner {
-    /// The planner of `config`; with `previous` (a reload), its summary cache (when its size is
-    /// unchanged) and learned windows carry over.
-    pub fn new(config: &Config, previous: Option<&Planner>) -> Planner {
+    /// The planner of `config`; with `previous` (a reload), its summaries (see
+    /// [`SummaryStore::new`]) and learned windows carry over.
+    pub fn new(config: &Config, previous: Option<&Planner>, metrics: &Arc<Metrics>) -> Planner {
         let settings = PlanSettings::from_config(&config.summarization);
         let per_key = config
             .auth
@@ -202,12 +194,7 @@ impl Planner {
             settings,
             per_key,
             windows: Windows::carrying(&config.models, previous.map(|p| &p.windows)),
-            cache: match previous {
-                Some(previous) if previous.cache.capacity() == config.cache.max_bytes => {
-                    previous.cache.clone()
-                }
-                _ => Arc::new(SummaryCache::new(config.cache.max_bytes)),
-            },
+            store: SummaryStore::new(config, previous.map(|p| &p.store), metrics.clone()),
         }
     }
 
@@ -258,9 +245,9 @@ impl Planner {
         .map(|splice| splice.with_cleared(conversation, cleared))
     }
 
-    /// The CPU part: parse, threshold, stages, cache lookup, plan, and the body when no
-    /// summarizer call is needed.
-    pub fn prepare(&self, body: &[u8], ask: &Ask<'_>) -> Prepared {
+    /// Parse once, threshold, stages, the summaries on hand (the shared tier asked in the
+    /// middle when there is one), plan, and the body when no summarizer call is needed.
+    pub async fn prepare(&self, body: &[u8], ask: &Ask<'_>) -> Prepared {
         let parsed = ask.api.front_end().parse(body);
         let conversation = match parsed {
             Ok(Parsed::Conversation(conversation)) => conversation,
@@ -297,12 +284,15 @@ impl Planner {
             upstream,
             reason: ask.reactive.map(|_| Reason::Reactive),
         };
-        let mut lookup = ScopedLookup::new(&self.cache, ask.fetched, ask.shared, || Scope {
+        let mut lookup = ScopedLookup::new(self.store.local(), || Scope {
             tenant: ask.credentials.tenant(),
             fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
         });
         let mode = if ask.force { Mode::Force } else { Mode::Normal };
-        let plan = plan::plan_in(&conversation, settings, &token_model, mode, &mut lookup);
+        let plan = match plan::analyse(&conversation, settings, &token_model, mode, &mut lookup) {
+            Analysed::Decided(plan) => *plan,
+            Analysed::Ready(ready) => self.decide_with_store(&ready, &mut lookup).await,
+        };
         let ahead = match (&plan.decision, self.config.precompute_at) {
             (Decision::PassThrough { reason }, Some(factor))
                 if ask.reactive.is_none()
@@ -318,6 +308,46 @@ impl Planner {
             _ => None,
         };
         self.decide(&context, plan, &mut lookup, ahead)
+    }
+
+    /// The plan with the summaries on hand. The shared tier, when there is one, is asked before
+    /// any summary is paid for: for every prefix when nothing is cached here, else for the
+    /// prefixes past the one cached here (another replica may hold a newer summary).
+    async fn decide_with_store(
+        &self,
+        ready: &Ready<'_, '_>,
+        lookup: &mut ScopedLookup<'_>,
+    ) -> Plan {
+        if !self.store.has_shared() {
+            return ready.decide(lookup);
+        }
+        let shared_keys = |past: usize| -> Vec<CacheKey> {
+            ready
+                .candidates()
+                .filter(|&(cut, _)| cut > past)
+                .map(|(_, key)| key)
+                .take(plan::MAX_SHARED_PREFIXES)
+                .collect()
+        };
+        if ready.cached(lookup).is_none() {
+            let fetched = self.store.fetch(&shared_keys(0)).await;
+            lookup.add(fetched);
+            return ready.decide(lookup);
+        }
+        let plan = ready.decide(lookup);
+        let Decision::Summarize {
+            previous: Some(previous),
+            ..
+        } = &plan.decision
+        else {
+            return plan;
+        };
+        let fetched = self.store.fetch(&shared_keys(previous.cut)).await;
+        if fetched.is_empty() {
+            return plan;
+        }
+        lookup.add(fetched);
+        ready.decide(lookup)
     }
 
     /// The window a retry after a context-length error aims under, in the estimate's tokens:
@@ -422,17 +452,6 @@ impl Planner {
         // Built only where it may be forwarded: it copies the whole body.
         let truncated = || self.truncated(context, &plan);
         match &plan.decision {
-            Decision::AskShared => Prepared::AskShared {
-                keys: match &plan.chain {
-                    Some(chain) => plan
-                        .candidate_cuts
-                        .iter()
-                        .map(|&cut| chain[cut])
-                        .take(plan::MAX_SHARED_PREFIXES)
-                        .collect(),
-                    None => Vec::new(),
-                },
-            },
             Decision::PassThrough { reason } => {
                 let reason = context.reason.unwrap_or(*reason);
                 if let Some(truncated) = truncated() {
@@ -468,7 +487,7 @@ impl Planner {
                 let announce = plan
                     .chain
                     .as_ref()
-                    .is_some_and(|chain| self.cache.take_made_ahead(&chain[layout.cut]));
+                    .is_some_and(|chain| self.store.local().take_made_ahead(&chain[layout.cut]));
                 let reason = match (context.reason, announce) {
                     (Some(reason), _) => reason,
                     (None, true) => Reason::Precomputed,
@@ -613,18 +632,6 @@ impl Planner {
             fallback: None,
             reason: context.reason,
             ahead_base: None,
-            // Built on a summary cached here: another replica may hold a newer one. (With none
-            // cached here, planning already asked the shared tier.)
-            remote_keys: match previous {
-                Some(previous) if lookup.shared_tier() != SharedTier::None => plan
-                    .candidate_cuts
-                    .iter()
-                    .filter(|&&cut| cut > previous.cut)
-                    .map(|&cut| chain[cut])
-                    .take(plan::MAX_SHARED_PREFIXES)
-                    .collect(),
-                _ => Vec::new(),
-            },
         })
     }
 }

@@ -345,14 +345,20 @@ async fn the_log_and_the_metrics_carry_no_secret_and_no_message_content() {
     .await
     .text();
     assert!(metrics.contains("compactor_requests_total"));
-    let _ = child.kill().await;
-    let _ = child.wait().await;
+    // A clean exit flushes the log; every line is read until stderr closes.
+    let pid = child.id().expect("pid").to_string();
+    let stopped = Command::new("kill").args(["-TERM", &pid]).status().await;
+    assert!(stopped.expect("kill runs").success());
     let mut log = Vec::new();
-    while let Ok(Some(line)) =
-        tokio::time::timeout(std::time::Duration::from_millis(200), lines.recv()).await
-    {
-        log.push(line);
-    }
+    let read_all = async {
+        while let Some(line) = lines.recv().await {
+            log.push(line);
+        }
+    };
+    tokio::time::timeout(BOUND, read_all)
+        .await
+        .expect("stderr closes once the process exits");
+    let _ = child.wait().await;
     let log = log.join("\n");
     assert!(log.contains("request"), "the access log was written: {log}");
     for text in [&log, &metrics] {

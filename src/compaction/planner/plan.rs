@@ -134,26 +134,6 @@ pub trait SummaryLookup {
     fn made_ahead(&mut self, _prefix: &Digest) -> bool {
         false
     }
-    /// How a shared tier (other replicas' summaries) is reached when this cache has nothing
-    /// for the conversation, before any planning that would pay for a summary.
-    fn shared_tier(&self) -> SharedTier {
-        SharedTier::None
-    }
-    /// Fetches what the shared tier holds for these prefixes into the lookup; whether it held
-    /// any (only with [`SharedTier::Fetch`]).
-    fn fetch_shared(&mut self, _prefixes: &[Digest]) -> bool {
-        false
-    }
-}
-
-/// How the planner may reach a shared tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SharedTier {
-    None,
-    /// It cannot be asked from here: stop, and let the caller ask and plan again.
-    Ask,
-    /// [`SummaryLookup::fetch_shared`] asks it.
-    Fetch,
 }
 
 /// No cache: every over-trigger request is summarized from scratch.
@@ -191,9 +171,6 @@ pub enum Decision {
         layout: Layout,
         summary: CachedSummary,
     },
-    /// Nothing is cached here for this conversation: ask the shared tier for the prefixes in
-    /// [`Plan::candidate_cuts`], then plan again with what it holds.
-    AskShared,
     /// Summarize `to_summarize` (on top of `previous` when given).
     Summarize {
         layout: Layout,
@@ -227,7 +204,7 @@ pub struct Plan {
     /// that drops the oldest whole groups until it fits, for when no summary can be had.
     pub truncation: Option<Layout>,
     /// The prefixes a cached summary may cover (valid cuts after the pinned head), longest
-    /// first, when the cache was consulted: what a shared tier is asked for.
+    /// first, when the cache was consulted.
     pub candidate_cuts: Vec<usize>,
 }
 
@@ -274,7 +251,7 @@ pub fn plan(
     plan_in(conversation, settings, model, mode, cache)
 }
 
-/// Plans one request for `mode`.
+/// Plans one request for `mode`, with the summaries `cache` holds.
 pub fn plan_in(
     conversation: &Conversation<'_>,
     settings: &PlanSettings,
@@ -282,35 +259,68 @@ pub fn plan_in(
     mode: Mode,
     cache: &mut dyn SummaryLookup,
 ) -> Plan {
+    match analyse(conversation, settings, model, mode, cache) {
+        Analysed::Decided(plan) => *plan,
+        Analysed::Ready(ready) => ready.decide(cache),
+    }
+}
+
+/// A request analysed: decided already (under every trigger, or nothing a summary could do),
+/// or ready to be decided with the summaries on hand, as often as more come to hand.
+pub enum Analysed<'c, 'a> {
+    Decided(Box<Plan>),
+    Ready(Box<Ready<'c, 'a>>),
+}
+
+/// A request over a trigger that a summary could shorten, analysed once: the prefix chain
+/// (whose digests are the cache keys) and everything deciding reads besides the summaries.
+pub struct Ready<'c, 'a> {
+    conversation: &'c Conversation<'a>,
+    settings: &'c PlanSettings,
+    mode: Mode,
+    analysis: Analysis,
+    chain: Vec<Digest>,
+    count: u64,
+    tokens_before: u64,
+    tokens_cleared: u64,
+    cleared: Cleared,
+    window: Option<u64>,
+    truncation: Option<Layout>,
+}
+
+/// Threshold first: under every trigger nothing else is computed and `cache` is not touched
+/// (not even for its seed).
+pub fn analyse<'c, 'a>(
+    conversation: &'c Conversation<'a>,
+    settings: &'c PlanSettings,
+    model: &TokenModel,
+    mode: Mode,
+    cache: &mut dyn SummaryLookup,
+) -> Analysed<'c, 'a> {
     let tokens = conversation.message_tokens(model);
     let thresholds = thresholds(settings, model, conversation.output_reserve);
     let window = window(model, conversation.output_reserve);
     let schema_tokens = conversation.schema_tokens(model);
     let tokens_before = schema_tokens + tokens.iter().sum::<u64>();
     let count = conversation.messages.len() as u64;
-    let pass = |reason| Plan {
-        decision: Decision::PassThrough { reason },
-        tokens_before,
-        chain: None,
-        cache_consulted: false,
-        cache_hit: false,
-        message_tokens: Vec::new(),
-        cleared: Vec::new(),
-        tokens_cleared: tokens_before,
-        window,
-        truncation: None,
-        candidate_cuts: Vec::new(),
-    };
-    // Threshold first: under every trigger nothing else is computed and the cache is not read.
-    let reached = |tokens: u64| match mode {
-        Mode::Normal => over_any(&thresholds, tokens, count, 1.0),
-        Mode::Force => true,
-        Mode::Ahead { factor } => over_any(&thresholds, tokens, count, factor),
-    };
-    if !reached(tokens_before) {
-        return pass(Reason::UnderTrigger);
+    if !reached(&thresholds, mode, tokens_before, count) {
+        return Analysed::Decided(Box::new(Plan {
+            decision: Decision::PassThrough {
+                reason: Reason::UnderTrigger,
+            },
+            tokens_before,
+            chain: None,
+            cache_consulted: false,
+            cache_hit: false,
+            message_tokens: Vec::new(),
+            cleared: Vec::new(),
+            tokens_cleared: tokens_before,
+            window,
+            truncation: None,
+            candidate_cuts: Vec::new(),
+        }));
     }
-    let mut analysis = Analysis::new(conversation, settings, model, tokens, thresholds.clone());
+    let mut analysis = Analysis::new(conversation, settings, model, tokens, thresholds);
     let cleared = match settings.stages.clear_min_tokens {
         Some(min_tokens) => analysis.clear(conversation, settings, min_tokens),
         None => Vec::new(),
@@ -319,87 +329,111 @@ pub fn plan_in(
     let truncation = window
         .filter(|&window| settings.stages.truncate && tokens_cleared >= window)
         .and_then(|window| analysis.truncation(conversation, window));
-    // Each path below ends with exactly one call.
-    let finish = move |decision, chain: Option<Vec<Digest>>, cache_hit, analysis: Analysis| Plan {
-        decision,
-        tokens_before,
-        cache_consulted: chain.is_some(),
-        candidate_cuts: match chain {
-            Some(_) => analysis.candidate_cuts().collect(),
-            None => Vec::new(),
-        },
-        chain,
-        cache_hit,
-        message_tokens: analysis.tokens,
-        cleared,
-        tokens_cleared,
-        window,
-        truncation,
+    let early = if tokens_cleared < tokens_before
+        && !reached(&analysis.thresholds, mode, tokens_cleared, count)
+    {
+        Some(Reason::ClearedUnderTrigger)
+    } else if !settings.stages.summarize {
+        Some(Reason::NoSummarizeStage)
+    } else if analysis.max_cut <= analysis.head {
+        Some(Reason::NothingToSummarize)
+    } else {
+        None
     };
-    let pass_through = |reason| Decision::PassThrough { reason };
-    if tokens_cleared < tokens_before && !reached(tokens_cleared) {
-        return finish(
-            pass_through(Reason::ClearedUnderTrigger),
-            None,
-            false,
-            analysis,
-        );
-    }
-    if !settings.stages.summarize {
-        return finish(
-            pass_through(Reason::NoSummarizeStage),
-            None,
-            false,
-            analysis,
-        );
-    }
-    if analysis.max_cut <= analysis.head {
-        return finish(
-            pass_through(Reason::NothingToSummarize),
-            None,
-            false,
-            analysis,
-        );
+    if let Some(reason) = early {
+        return Analysed::Decided(Box::new(Plan {
+            decision: Decision::PassThrough { reason },
+            tokens_before,
+            chain: None,
+            cache_consulted: false,
+            cache_hit: false,
+            message_tokens: analysis.tokens,
+            cleared,
+            tokens_cleared,
+            window,
+            truncation,
+            candidate_cuts: Vec::new(),
+        }));
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
-    let mut cached = analysis.cached(&chain, cache, mode);
-    if cached.is_none() && !matches!(mode, Mode::Ahead { .. }) {
-        match cache.shared_tier() {
-            SharedTier::None => {}
-            SharedTier::Ask => return finish(Decision::AskShared, Some(chain), false, analysis),
-            SharedTier::Fetch => {
-                let prefixes: Vec<Digest> = analysis
-                    .candidate_cuts()
-                    .take(MAX_SHARED_PREFIXES)
-                    .map(|cut| chain[cut])
-                    .collect();
-                if cache.fetch_shared(&prefixes) {
-                    cached = analysis.cached(&chain, cache, mode);
-                }
+    Analysed::Ready(Box::new(Ready {
+        conversation,
+        settings,
+        mode,
+        analysis,
+        chain,
+        count,
+        tokens_before,
+        tokens_cleared,
+        cleared,
+        window,
+        truncation,
+    }))
+}
+
+/// Whether (tokens, messages) reach a trigger for `mode`.
+fn reached(thresholds: &[Threshold], mode: Mode, tokens: u64, messages: u64) -> bool {
+    match mode {
+        Mode::Normal => over_any(thresholds, tokens, messages, 1.0),
+        Mode::Force => true,
+        Mode::Ahead { factor } => over_any(thresholds, tokens, messages, factor),
+    }
+}
+
+impl Ready<'_, '_> {
+    /// The prefixes a summary on hand may cover (valid cuts after the pinned head), longest
+    /// first, with their cache keys.
+    pub fn candidates(&self) -> impl Iterator<Item = (usize, Digest)> + '_ {
+        self.analysis
+            .candidate_cuts()
+            .map(|cut| (cut, self.chain[cut]))
+    }
+
+    /// The summary on hand that a decision would build on: the longest usable one.
+    pub fn cached(&self, cache: &mut dyn SummaryLookup) -> Option<CachedSummary> {
+        self.analysis.cached(&self.chain, cache, self.mode)
+    }
+
+    /// The plan with the summaries `cache` holds now.
+    pub fn decide(&self, cache: &mut dyn SummaryLookup) -> Plan {
+        let (analysis, settings, mode) = (&self.analysis, self.settings, self.mode);
+        let cached = self.cached(cache);
+        let mut decision = match &cached {
+            Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
+            None => {
+                let goal = match mode {
+                    Mode::Ahead { .. } => Goal::AheadOf {
+                        tokens: self.tokens_cleared,
+                        messages: self.count,
+                    },
+                    _ => Goal::Now,
+                };
+                analysis.plan_fresh(settings, goal)
+            }
+        };
+        // A layout whose verbatim messages do not form a valid list (the request itself has an
+        // unanswered call or an orphan result) is never worth a summarizer call.
+        if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
+            if validate_layout(&self.conversation.messages, layout).is_err() {
+                decision = Decision::PassThrough {
+                    reason: Reason::InvalidToolStructure,
+                };
             }
         }
-    }
-    let mut decision = match &cached {
-        Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
-        None => {
-            let goal = match mode {
-                Mode::Ahead { .. } => Goal::AheadOf {
-                    tokens: tokens_cleared,
-                    messages: count,
-                },
-                _ => Goal::Now,
-            };
-            analysis.plan_fresh(settings, goal)
-        }
-    };
-    // A layout whose verbatim messages do not form a valid list (the request itself has an
-    // unanswered call or an orphan result) is never worth a summarizer call.
-    if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
-        if validate_layout(&conversation.messages, layout).is_err() {
-            decision = pass_through(Reason::InvalidToolStructure);
+        Plan {
+            decision,
+            tokens_before: self.tokens_before,
+            cache_consulted: true,
+            candidate_cuts: analysis.candidate_cuts().collect(),
+            chain: Some(self.chain.clone()),
+            cache_hit: cached.is_some(),
+            message_tokens: analysis.tokens.clone(),
+            cleared: self.cleared.clone(),
+            tokens_cleared: self.tokens_cleared,
+            window: self.window,
+            truncation: self.truncation.clone(),
         }
     }
-    finish(decision, Some(chain), cached.is_some(), analysis)
 }
 
 /// Whether the request is over any trigger (threshold-first check, nothing else computed).

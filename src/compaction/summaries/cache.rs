@@ -7,7 +7,7 @@ use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
 use crate::compaction::planner::digest::Digest;
-use crate::compaction::planner::plan::{CachedSummary, SharedTier, SummaryLookup};
+use crate::compaction::planner::plan::{CachedSummary, SummaryLookup};
 use crate::compaction::scope::Scope;
 
 pub type CacheKey = [u8; 32];
@@ -88,44 +88,23 @@ impl SummaryCache {
     }
 }
 
-/// The planner's view of the cache for one scope. The scope (two hashes) is only computed
-/// when the planner actually looks, so requests under the trigger never pay for it.
-/// Fetches what a shared tier holds for some prefixes (blocking: only where blocking is
-/// allowed, on the planner's own threads).
-pub type Fetch<'f> = &'f (dyn Fn(&[CacheKey]) -> Vec<(CacheKey, CachedSummary)> + Sync);
-
-/// How a request's planning reaches the replicas' shared tier.
-#[derive(Clone, Copy)]
-pub enum Shared<'f> {
-    Off,
-    /// Stop and let the caller ask (planning inline, where nothing may block).
-    Ask,
-    Fetch(Fetch<'f>),
-}
-
+/// The planner's view of the summaries for one scope: the local tier, and what the shared
+/// tier sent for this request. The scope (two hashes) is only computed when the planner
+/// actually looks, so requests under the trigger never pay for it.
 pub struct ScopedLookup<'c> {
     cache: &'c SummaryCache,
-    /// Summaries fetched from a shared tier for this request, looked at before the cache.
-    fetched: &'c [(CacheKey, CachedSummary)],
-    shared: Shared<'c>,
-    /// What [`Shared::Fetch`] brought back while planning.
-    fetched_here: Vec<(CacheKey, CachedSummary)>,
-    make_scope: Box<dyn Fn() -> Scope + 'c>,
+    /// Summaries the shared tier sent for this request, looked at before the cache (which
+    /// holds them too, unless it has already evicted them).
+    fetched: Vec<(CacheKey, CachedSummary)>,
+    make_scope: Box<dyn Fn() -> Scope + Send + 'c>,
     scope: Option<Scope>,
 }
 
 impl<'c> ScopedLookup<'c> {
-    pub fn new(
-        cache: &'c SummaryCache,
-        fetched: &'c [(CacheKey, CachedSummary)],
-        shared: Shared<'c>,
-        make_scope: impl Fn() -> Scope + 'c,
-    ) -> Self {
+    pub fn new(cache: &'c SummaryCache, make_scope: impl Fn() -> Scope + Send + 'c) -> Self {
         ScopedLookup {
             cache,
-            fetched,
-            shared,
-            fetched_here: Vec::new(),
+            fetched: Vec::new(),
             make_scope: Box::new(make_scope),
             scope: None,
         }
@@ -133,6 +112,11 @@ impl<'c> ScopedLookup<'c> {
 
     pub fn scope(&mut self) -> Scope {
         *self.scope.get_or_insert_with(|| (self.make_scope)())
+    }
+
+    /// Adds what the shared tier sent.
+    pub fn add(&mut self, fetched: Vec<(CacheKey, CachedSummary)>) {
+        self.fetched.extend(fetched);
     }
 }
 
@@ -144,7 +128,6 @@ impl SummaryLookup for ScopedLookup<'_> {
     fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
         self.fetched
             .iter()
-            .chain(&self.fetched_here)
             .find(|(key, _)| key == prefix)
             .map(|(_, summary)| summary.clone())
             .or_else(|| self.cache.get(prefix).map(|summary| (*summary).clone()))
@@ -152,26 +135,6 @@ impl SummaryLookup for ScopedLookup<'_> {
 
     fn made_ahead(&mut self, prefix: &Digest) -> bool {
         self.cache.made_ahead.get(prefix).is_some()
-    }
-
-    fn shared_tier(&self) -> SharedTier {
-        match self.shared {
-            Shared::Off => SharedTier::None,
-            Shared::Ask => SharedTier::Ask,
-            Shared::Fetch(_) => SharedTier::Fetch,
-        }
-    }
-
-    fn fetch_shared(&mut self, prefixes: &[Digest]) -> bool {
-        let Shared::Fetch(fetch) = self.shared else {
-            return false;
-        };
-        let found = fetch(prefixes);
-        for (key, summary) in &found {
-            self.cache.insert(*key, Arc::new(summary.clone()));
-        }
-        self.fetched_here = found;
-        !self.fetched_here.is_empty()
     }
 }
 

@@ -5,5 +5,6 @@ pub mod budget;
 pub mod cache;
 pub mod redis_tier;
 pub mod single_flight;
+pub mod store;
 pub mod summarizer;
 pub mod summary_input;
