@@ -202,7 +202,7 @@ pub enum ErrorShape {
 impl ErrorShape {
     /// The shape for a path under the listen prefix (`rest`): Anthropic's for `/messages…`.
     pub fn for_path(rest: Option<&str>) -> ErrorShape {
-        match rest.map(crate::routing::api_of) {
+        match rest.map(crate::config::UpstreamApi::of_path) {
             Some(crate::config::UpstreamApi::Anthropic) => ErrorShape::Anthropic,
             _ => ErrorShape::OpenAi,
         }

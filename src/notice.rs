@@ -14,6 +14,24 @@ pub struct Notice {
     pub message: String,
 }
 
+impl Notice {
+    /// The notice to write before an upstream's body: only on a 2xx event stream, and not when
+    /// switched off.
+    pub fn for_response(
+        notice: Option<&Notice>,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+    ) -> Option<Notice> {
+        let is_stream = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        notice
+            .filter(|n| status.is_success() && is_stream && n.mode != NoticeMode::Off)
+            .cloned()
+    }
+}
+
 fn payload(message: &str) -> Value {
     json!({"type": "context_compacting", "message": message})
 }

@@ -59,16 +59,6 @@ impl Upstreams {
     }
 }
 
-/// The API a path under the prefix belongs to: Anthropic's `/messages` and
-/// `/messages/count_tokens`, OpenAI's for everything else.
-pub fn api_of(rest: &str) -> UpstreamApi {
-    if rest == "/messages" || rest.starts_with("/messages/") {
-        UpstreamApi::Anthropic
-    } else {
-        UpstreamApi::Openai
-    }
-}
-
 /// The part of `path` after the listen prefix, or None when the path is not under it.
 pub fn forwarded_path<'a>(prefix: &str, path: &'a str) -> Option<&'a str> {
     if prefix == "/" {

@@ -1,10 +1,12 @@
 //! One upstream: its pooled client and how a request is built for it (URL mapping, hop-by-hop
 //! and control headers, credentials).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Uri, Version};
+use http::{Method, Request, Response, Uri, Version};
+use http_body_util::{BodyExt, Either};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -13,10 +15,14 @@ use wildmatch::WildMatch;
 
 use std::sync::Arc;
 
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, UpstreamBody};
 use crate::config::{TlsConfig, UpstreamApi, UpstreamConfig};
-use crate::headers::{strip_hop_by_hop, CONTROL_HEADERS, CREDENTIALS, X_API_KEY};
+use crate::error::ProxyError;
+use crate::headers::{strip_hop_by_hop, strip_own, CONTROL_HEADERS, CREDENTIALS, X_API_KEY};
+use crate::inbound::BodyFault;
 use crate::lean_client::LeanPool;
+use crate::notice::Notice;
+use crate::telemetry;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
@@ -220,4 +226,138 @@ fn build_client(
         .timer(TokioTimer::new())
         .pool_idle_timeout(idle_timeout.min(Duration::from_secs(90)))
         .build(connector))
+}
+/// What compaction changed about a request, as sending it needs to know.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rewrite<'n> {
+    /// The body's length, when it is not the client's own.
+    pub length: Option<usize>,
+    /// The notice a 2xx event stream starts with.
+    pub notice: Option<&'n Notice>,
+}
+
+/// One request on its way to an upstream.
+pub struct Target<'u> {
+    pub upstream: &'u Upstream,
+    pub method: Method,
+    pub uri: Uri,
+    /// Nanoseconds spent waiting for the upstream's response headers, retries included.
+    waited: AtomicU64,
+}
+
+impl<'u> Target<'u> {
+    pub fn new(upstream: &'u Upstream, method: Method, uri: Uri) -> Target<'u> {
+        Target {
+            upstream,
+            method,
+            uri,
+            waited: AtomicU64::new(0),
+        }
+    }
+
+    /// Time spent waiting for response headers, every send together.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited.load(Ordering::Relaxed))
+    }
+
+    /// Sends the request and answers with the upstream's response, its body streamed on (with
+    /// the notice first, when there is one).
+    pub async fn send(
+        &self,
+        mut headers: HeaderMap,
+        body: ProxyBody,
+        rewrite: Rewrite<'_>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        if let Some(length) = rewrite.length {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        }
+        telemetry::inject(&mut headers);
+        let request =
+            self.upstream
+                .prepare_request(self.method.clone(), self.uri.clone(), headers, body);
+        let started = Instant::now();
+        let response = send(self.upstream, request, rewrite.notice).await;
+        let waited = started.elapsed().as_nanos() as u64;
+        self.waited.fetch_add(waited, Ordering::Relaxed);
+        response
+    }
+}
+
+async fn send(
+    upstream: &Upstream,
+    request: Request<ProxyBody>,
+    notice: Option<&Notice>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let sent = match &upstream.lean {
+        Some(lean) => {
+            let request = upstream.origin_form(request);
+            tokio::time::timeout(upstream.first_byte_timeout, lean.send(request))
+                .await
+                .map(|result| result.map_err(ClientError::from))
+                .map(|result| result.map(|response| response.map(Either::Left)))
+        }
+        None => tokio::time::timeout(
+            upstream.first_byte_timeout,
+            upstream.client.request(request),
+        )
+        .await
+        .map(|result| result.map_err(ClientError::from))
+        .map(|result| result.map(|response| response.map(Either::Right))),
+    };
+    let response = match sent {
+        Err(_) => {
+            return Err(ProxyError::UpstreamTimeout {
+                upstream: upstream.name.clone(),
+                secs: upstream.first_byte_timeout.as_secs_f64(),
+            })
+        }
+        Ok(Err(e)) => {
+            // A body the client broke, cut short or sent too slowly surfaces here while it was
+            // being streamed on: the client's fault, not the upstream's.
+            if let Some(fault) = BodyFault::in_chain(&*e.0) {
+                return Err(ProxyError::from_body_fault(fault));
+            }
+            return Err(ProxyError::UpstreamUnreachable {
+                upstream: upstream.name.clone(),
+                reason: error_chain(&*e.0),
+            });
+        }
+        Ok(Ok(response)) => response,
+    };
+    let (mut parts, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    strip_own(&mut parts.headers);
+    let prelude = Notice::for_response(notice, parts.status, &parts.headers);
+    if prelude.is_some() {
+        // The notice makes the body longer than the upstream declared.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let body = UpstreamBody::new(incoming, upstream.idle_timeout, prelude);
+    Ok(Response::from_parts(parts, body.boxed_unsync()))
+}
+
+/// Either client's failure, with its source chain intact for [`BodyFault::in_chain`].
+struct ClientError(Box<dyn std::error::Error + Send + Sync>);
+
+impl From<crate::lean_client::LeanError> for ClientError {
+    fn from(e: crate::lean_client::LeanError) -> Self {
+        ClientError(Box::new(e))
+    }
+}
+
+impl From<hyper_util::client::legacy::Error> for ClientError {
+    fn from(e: hyper_util::client::legacy::Error) -> Self {
+        ClientError(Box::new(e))
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -37,6 +37,7 @@ use crate::headers;
 use crate::metrics::Metrics;
 use crate::notice::Notice;
 use crate::routing::Upstreams;
+use crate::upstream::Rewrite;
 
 #[derive(Clone)]
 pub struct CompactionEngine {
@@ -116,15 +117,17 @@ impl Compacted {
         }
     }
 
-    /// The notice to write before the upstream's body: only on a 2xx event stream.
+    /// The notice to write before the upstream's body (see [`Notice::for_response`]).
     pub fn notice_for(&self, status: StatusCode, headers: &HeaderMap) -> Option<Notice> {
-        let is_stream = headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        self.notice
-            .clone()
-            .filter(|n| status.is_success() && is_stream && n.mode != NoticeMode::Off)
+        Notice::for_response(self.notice.as_ref(), status, headers)
+    }
+
+    /// What sending it needs to know: the new length, the notice.
+    pub fn as_sent(&self) -> Rewrite<'_> {
+        Rewrite {
+            length: self.rewritten.then_some(self.body.len()),
+            notice: self.notice.as_ref(),
+        }
     }
 }
 

@@ -12,7 +12,8 @@
 //!
 //! Orchestration: `engine` (per request), `prepare` (the CPU part), `control` (the request's
 //! control headers), `scope` (tenant and fingerprint), `offload` (CPU work off the reactor),
-//! `windows` (each model's context window), `overflow` (an upstream's context-length error),
+//! `windows` (each model's context window), `overflow` (an upstream's context-length error) and
+//! `retry` (the one retry after it),
 //! `failure`, `outcome` and `reason` (what happened, and why).
 
 pub mod control;
@@ -25,6 +26,7 @@ pub mod overflow;
 pub mod planner;
 pub mod prepare;
 pub mod reason;
+pub mod retry;
 pub mod scope;
 pub mod summaries;
 pub mod windows;
