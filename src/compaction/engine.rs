@@ -26,7 +26,7 @@ use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::summaries::budget::SummarizerBudget;
 use crate::compaction::summaries::cache::CacheKey;
 use crate::compaction::summaries::single_flight::SingleFlight;
-use crate::compaction::summaries::store::Claim;
+use crate::compaction::summaries::store::{Claim, LayoutKey};
 use crate::compaction::summaries::summarizer::{
     HttpSummarizer, Summarizer, SummaryError, SummaryRequest,
 };
@@ -491,12 +491,53 @@ impl CompactionEngine {
     /// that outlives any one of them and stores its result in the cache.
     async fn summary_for(&self, job: &Job, flight: [u8; 32], headers: &HeaderMap) -> FlightResult {
         let config = &self.inner.planner.config;
+        let request = self.summary_request(job, headers);
+        // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
+        let bound = Duration::from_secs_f64(config.timeout_secs) * job.chunks.len().max(1) as u32;
+        let span = crate::telemetry::summarizer_span(
+            &request.upstream,
+            &request.model,
+            request.max_tokens,
+            job.chunks.len(),
+        );
+        let run = SummaryRun {
+            request,
+            key: job.key,
+            flight,
+            chunks: job.chunks.clone(),
+            previous: job.previous.clone(),
+            token_model: job.token_model,
+            replaced_tokens: job.replaced_tokens,
+            ahead: job.ahead_base.is_some(),
+            layout: (
+                job.layout.cut,
+                job.layout.excluded.clone(),
+                job.layout.splits.clone(),
+            ),
+            tenant: job.tenant,
+            bound,
+        };
+        let inner = self.inner.clone();
+        let (shared, started) = self
+            .inner
+            .flights
+            .join(flight, move || inner.make_summary(run).instrument(span))
+            .await;
+        if !started {
+            self.inner.metrics.single_flight_joined();
+        }
+        shared.unwrap_or(Err(CompactionFailure::Internal))
+    }
+
+    /// The summarizer call for `job`, with the client's own credentials where they may go.
+    fn summary_request(&self, job: &Job, headers: &HeaderMap) -> SummaryRequest {
+        let config = &self.inner.planner.config;
         let credential = |name| {
             job.client_credentials
                 .then(|| headers.get(name).cloned())
                 .flatten()
         };
-        let request = SummaryRequest {
+        SummaryRequest {
             upstream: job.upstream.clone(),
             model: job.model.clone(),
             prompt: String::new(),
@@ -507,90 +548,7 @@ impl CompactionEngine {
             client_x_api_key: credential(headers::X_API_KEY),
             anthropic_version: headers.get("anthropic-version").cloned(),
             anthropic_beta: credential(http::HeaderName::from_static("anthropic-beta")),
-        };
-        let inner = self.inner.clone();
-        let key = job.key;
-        let chunks = job.chunks.clone();
-        let previous = job.previous.clone();
-        let token_model = job.token_model;
-        let replaced_tokens = job.replaced_tokens;
-        let ahead = job.ahead_base.is_some();
-        let (cut, excluded, splits) = (
-            job.layout.cut,
-            job.layout.excluded.clone(),
-            job.layout.splits.clone(),
-        );
-        let tenant = job.tenant;
-        // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
-        let bound = Duration::from_secs_f64(config.timeout_secs) * chunks.len().max(1) as u32;
-        let span = crate::telemetry::summarizer_span(
-            &request.upstream,
-            &request.model,
-            request.max_tokens,
-            chunks.len(),
-        );
-        let (shared, started) = self
-            .inner
-            .flights
-            .join(flight, move || {
-                async move {
-                    let planner = &inner.planner;
-                    let store = &planner.store;
-                    let layout = (cut, excluded, splits);
-                    // Across replicas: the summary another one made, or is making, first.
-                    let lease = match store.claim(&key, &flight, &layout, bound).await {
-                        Claim::Made(summary) => return Ok(Arc::new(summary)),
-                        Claim::TooLarge => return Err(CompactionFailure::NotSmaller),
-                        Claim::TimedOut => {
-                            return Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound)))
-                        }
-                        Claim::Make(lease) => lease,
-                    };
-                    let (cut, excluded, splits) = layout;
-                    let ticket = inner
-                        .budget
-                        .admit(tenant, chunks.len() as u64, Instant::now())?;
-                    let made = async {
-                        let text = inner.fold_chunks(&request, previous, &chunks).await?;
-                        let tokens = summary_tokens(&text, &planner.config, &token_model);
-                        if tokens >= replaced_tokens {
-                            return Err(CompactionFailure::NotSmaller);
-                        }
-                        let summary = Arc::new(CachedSummary {
-                            cut,
-                            excluded,
-                            splits,
-                            text,
-                            tokens,
-                        });
-                        Ok(summary)
-                    };
-                    let result = match tokio::time::timeout(bound, made).await {
-                        Ok(result) => result,
-                        Err(_) => Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound))),
-                    };
-                    // Only the summarizer's own failures count towards the breaker.
-                    let summarizer_failed = matches!(result, Err(CompactionFailure::Summarizer(_)));
-                    inner
-                        .budget
-                        .record(&ticket, !summarizer_failed, Instant::now());
-                    match &result {
-                        Ok(summary) => store.keep(key, summary, ahead).await,
-                        Err(CompactionFailure::NotSmaller) => store.too_large(flight).await,
-                        Err(_) => {}
-                    }
-                    if let Some(lease) = lease {
-                        lease.release().await;
-                    }
-                    result
-                }
-                .instrument(span)
-            })
-            .await;
-        if !started {
-            self.inner.metrics.single_flight_joined();
         }
-        shared.unwrap_or(Err(CompactionFailure::Internal))
     }
 
     fn failed(
@@ -617,7 +575,75 @@ impl CompactionEngine {
     }
 }
 
+/// One summarizer run, owned, for the single flight that makes it.
+struct SummaryRun {
+    request: SummaryRequest,
+    key: CacheKey,
+    flight: CacheKey,
+    chunks: Vec<String>,
+    previous: Option<String>,
+    token_model: TokenModel,
+    replaced_tokens: u64,
+    ahead: bool,
+    layout: LayoutKey,
+    tenant: [u8; 32],
+    bound: Duration,
+}
+
 impl Inner {
+    /// Makes one summary: the one another replica made or is making, else a run of calls
+    /// within the budget and `bound`, kept in the store.
+    async fn make_summary(self: Arc<Self>, run: SummaryRun) -> FlightResult {
+        let store = &self.planner.store;
+        let (key, flight, bound) = (run.key, run.flight, run.bound);
+        // Across replicas: the summary another one made, or is making, first.
+        let lease = match store.claim(&key, &flight, &run.layout, bound).await {
+            Claim::Made(summary) => return Ok(Arc::new(summary)),
+            Claim::TooLarge => return Err(CompactionFailure::NotSmaller),
+            Claim::TimedOut => {
+                return Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound)))
+            }
+            Claim::Make(lease) => lease,
+        };
+        let ticket = self
+            .budget
+            .admit(run.tenant, run.chunks.len() as u64, Instant::now())?;
+        let (cut, excluded, splits) = run.layout;
+        let made = async {
+            let text = self
+                .fold_chunks(&run.request, run.previous, &run.chunks)
+                .await?;
+            let tokens = summary_tokens(&text, &self.planner.config, &run.token_model);
+            if tokens >= run.replaced_tokens {
+                return Err(CompactionFailure::NotSmaller);
+            }
+            Ok(Arc::new(CachedSummary {
+                cut,
+                excluded,
+                splits,
+                text,
+                tokens,
+            }))
+        };
+        let result = match tokio::time::timeout(bound, made).await {
+            Ok(result) => result,
+            Err(_) => Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound))),
+        };
+        // Only the summarizer's own failures count towards the breaker.
+        let summarizer_failed = matches!(result, Err(CompactionFailure::Summarizer(_)));
+        self.budget
+            .record(&ticket, !summarizer_failed, Instant::now());
+        match &result {
+            Ok(summary) => store.keep(key, summary, run.ahead).await,
+            Err(CompactionFailure::NotSmaller) => store.too_large(flight).await,
+            Err(_) => {}
+        }
+        if let Some(lease) = lease {
+            lease.release().await;
+        }
+        result
+    }
+
     /// Summarizes the chunks in order, each folded into the next; one chunk is one call.
     async fn fold_chunks(
         &self,

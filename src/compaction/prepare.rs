@@ -433,7 +433,6 @@ impl Planner {
         lookup: &mut ScopedLookup<'_>,
         ahead: Option<Box<Job>>,
     ) -> Prepared {
-        let conversation = context.conversation;
         let next = Next {
             window: plan.window,
             ahead,
@@ -449,63 +448,13 @@ impl Planner {
             precompute_started: next.ahead.is_some(),
             ..Outcome::skipped(plan.tokens_before, Reason::None)
         };
-        // Built only where it may be forwarded: it copies the whole body.
-        let truncated = || self.truncated(context, &plan);
         match &plan.decision {
             Decision::PassThrough { reason } => {
                 let reason = context.reason.unwrap_or(*reason);
-                if let Some(truncated) = truncated() {
-                    return truncated_body(truncated, Outcome { reason, ..base }, next);
-                }
-                if plan.cleared.is_empty() {
-                    return Prepared::Forward {
-                        outcome: Outcome { reason, ..base },
-                        next,
-                    };
-                }
-                Prepared::Rewritten {
-                    body: apply_cleared(context.body, conversation, &plan.cleared),
-                    outcome: Outcome {
-                        kind: OutcomeKind::Cleared,
-                        tokens_after: plan.tokens_cleared,
-                        reason,
-                        ..base
-                    },
-                    notice: false,
-                    next,
-                }
+                self.pass_through(context, &plan, Outcome { reason, ..base }, next)
             }
             Decision::Reuse { layout, summary } => {
-                let Ok(splice) = self.splice(conversation, layout, &plan.cleared) else {
-                    let outcome = Outcome {
-                        kind: OutcomeKind::Failed,
-                        reason: Reason::RewriteInvalid,
-                        ..base
-                    };
-                    return Prepared::Forward { outcome, next };
-                };
-                let announce = plan
-                    .chain
-                    .as_ref()
-                    .is_some_and(|chain| self.store.local().take_made_ahead(&chain[layout.cut]));
-                let reason = match (context.reason, announce) {
-                    (Some(reason), _) => reason,
-                    (None, true) => Reason::Precomputed,
-                    (None, false) => Reason::Sticky,
-                };
-                Prepared::Rewritten {
-                    body: splice.apply(context.body, &summary.text, self.config.summary_role),
-                    outcome: Outcome {
-                        kind: OutcomeKind::Reused,
-                        tokens_after: layout.projected_tokens,
-                        cache: CacheUse::Hit,
-                        headroom_unmet: layout.headroom_unmet,
-                        reason,
-                        ..base
-                    },
-                    notice: announce,
-                    next,
-                }
+                self.reuse(context, &plan, layout, summary, base, next)
             }
             Decision::Summarize {
                 layout,
@@ -516,15 +465,11 @@ impl Planner {
                 // A summary that cannot bring the request under the model's window is not
                 // paid for: the last resort, or the request as it is.
                 if plan.window.is_some_and(|w| layout.projected_tokens >= w) {
-                    return match truncated() {
-                        Some(truncated) => truncated_body(
-                            truncated,
-                            Outcome {
-                                reason: context.reason.unwrap_or(Reason::WontFit),
-                                ..base
-                            },
-                            next,
-                        ),
+                    let reason = context.reason.unwrap_or(Reason::WontFit);
+                    return match self.truncated(context, &plan) {
+                        Some(truncated) => {
+                            truncated_body(truncated, Outcome { reason, ..base }, next)
+                        }
                         None => Prepared::Forward {
                             outcome: Outcome {
                                 reason: Reason::WontFit,
@@ -534,7 +479,7 @@ impl Planner {
                         },
                     };
                 }
-                match self.job(
+                let job = self.job(
                     context,
                     &plan,
                     layout,
@@ -542,9 +487,10 @@ impl Planner {
                     previous,
                     *replaced_tokens,
                     lookup,
-                ) {
+                );
+                match job {
                     Ok(mut job) => {
-                        job.fallback = truncated();
+                        job.fallback = self.truncated(context, &plan);
                         Prepared::Summarize(Box::new(job))
                     }
                     Err((kind, reason)) => Prepared::Forward {
@@ -557,6 +503,78 @@ impl Planner {
                     },
                 }
             }
+        }
+    }
+
+    /// No summary: the request as it came, with its old tool outputs cleared when the stage
+    /// cleared any, or cut down by the `truncate` stage when it must be.
+    fn pass_through(
+        &self,
+        context: &Context<'_, '_>,
+        plan: &Plan,
+        base: Outcome,
+        next: Next,
+    ) -> Prepared {
+        if let Some(truncated) = self.truncated(context, plan) {
+            return truncated_body(truncated, base, next);
+        }
+        if plan.cleared.is_empty() {
+            return Prepared::Forward {
+                outcome: base,
+                next,
+            };
+        }
+        Prepared::Rewritten {
+            body: apply_cleared(context.body, context.conversation, &plan.cleared),
+            outcome: Outcome {
+                kind: OutcomeKind::Cleared,
+                tokens_after: plan.tokens_cleared,
+                ..base
+            },
+            notice: false,
+            next,
+        }
+    }
+
+    /// A cached summary spliced in, with no summarizer call.
+    fn reuse(
+        &self,
+        context: &Context<'_, '_>,
+        plan: &Plan,
+        layout: &Layout,
+        summary: &CachedSummary,
+        base: Outcome,
+        next: Next,
+    ) -> Prepared {
+        let Ok(splice) = self.splice(context.conversation, layout, &plan.cleared) else {
+            let outcome = Outcome {
+                kind: OutcomeKind::Failed,
+                reason: Reason::RewriteInvalid,
+                ..base
+            };
+            return Prepared::Forward { outcome, next };
+        };
+        let announce = plan
+            .chain
+            .as_ref()
+            .is_some_and(|chain| self.store.local().take_made_ahead(&chain[layout.cut]));
+        let reason = match (context.reason, announce) {
+            (Some(reason), _) => reason,
+            (None, true) => Reason::Precomputed,
+            (None, false) => Reason::Sticky,
+        };
+        Prepared::Rewritten {
+            body: splice.apply(context.body, &summary.text, self.config.summary_role),
+            outcome: Outcome {
+                kind: OutcomeKind::Reused,
+                tokens_after: layout.projected_tokens,
+                cache: CacheUse::Hit,
+                headroom_unmet: layout.headroom_unmet,
+                reason,
+                ..base
+            },
+            notice: announce,
+            next,
         }
     }
 

@@ -227,20 +227,28 @@ pub(in crate::compaction) fn parse_item(raw: &str) -> Option<Message<'_>> {
 }
 
 fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unplannable> {
-    let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Option<&'a str>| {
-        vec![ToolCall {
-            id,
-            name,
-            arguments_raw: arguments.map(crate::compaction::planner::conversation::Json::of),
-        }]
-    };
     let required = |value: Option<Cow<'a, str>>, what: &str| {
         value.ok_or_else(|| Unplannable::Bad(format!("{what} is missing")))
     };
+    // The shapes an item takes in the message view: a call the assistant made, the answer to
+    // one, an item kept whole and never read (opaque).
+    let call = |id, name, arguments: Option<&'a str>, opaque: Option<&'a str>| {
+        let call = ToolCall {
+            id,
+            name,
+            arguments_raw: arguments.map(crate::compaction::planner::conversation::Json::of),
+        };
+        let assistant = Cow::Borrowed("assistant");
+        Message::from_item(raw, assistant, None, vec![call], None, opaque, false)
+    };
+    let answer = |id, output: Option<&'a str>, opaque: Option<&'a str>| {
+        let tool = Cow::Borrowed("tool");
+        Message::from_item(raw, tool, output, Vec::new(), Some(id), opaque, false)
+    };
+    let whole = |role: Cow<'a, str>, binds_next: bool| {
+        Message::from_item(raw, role, None, Vec::new(), None, Some(raw), binds_next)
+    };
     let kind = item.kind.as_deref().unwrap_or("message");
-    let assistant = Cow::Borrowed("assistant");
-    let tool = Cow::Borrowed("tool");
-    let output = item.output;
     Ok(match kind {
         "message" => {
             let role = required(item.role, "role")?;
@@ -249,95 +257,43 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
         "function_call" | "custom_tool_call" => {
             let id = required(item.call_id, "call_id")?;
             let name = item.name.unwrap_or(Cow::Borrowed(""));
-            let arguments = item.arguments.or(item.input);
-            Message::from_item(
-                raw,
-                assistant,
-                None,
-                call(id, name, arguments),
-                None,
-                None,
-                false,
-            )
+            call(id, name, item.arguments.or(item.input), None)
         }
         "mcp_approval_request" => {
             let id = required(item.id, "id")?;
             let name = item.name.unwrap_or(Cow::Borrowed("mcp_approval_request"));
-            Message::from_item(
-                raw,
-                assistant,
-                None,
-                call(id, name, item.arguments),
-                None,
-                None,
-                false,
-            )
+            call(id, name, item.arguments, None)
         }
         "function_call_output" | "custom_tool_call_output" => {
-            let id = required(item.call_id, "call_id")?;
-            Message::from_item(raw, tool, output, Vec::new(), Some(id), None, false)
+            answer(required(item.call_id, "call_id")?, item.output, None)
         }
         // The output names its call by `id` (openai-python's `LocalShellCallOutput`).
-        "local_shell_call_output" => {
-            let id = required(item.id, "id")?;
-            Message::from_item(raw, tool, output, Vec::new(), Some(id), None, false)
-        }
+        "local_shell_call_output" => answer(required(item.id, "id")?, item.output, None),
         "mcp_approval_response" => {
             let id = required(item.approval_request_id, "approval_request_id")?;
-            Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
+            answer(id, None, Some(raw))
         }
         "item_reference" => return Err(Unplannable::LeaveAlone(Reason::ItemReference)),
         "compaction_trigger" => return Err(Unplannable::LeaveAlone(Reason::CompactionTrigger)),
-        "reasoning" => Message::from_item(
-            raw,
-            Cow::Borrowed("reasoning"),
-            None,
-            Vec::new(),
-            None,
-            Some(raw),
-            true,
-        ),
+        "reasoning" => whole(Cow::Borrowed("reasoning"), true),
         // Other calls (`computer_call`, `local_shell_call`, kinds this version does not know)
         // name their call: the `*_output` answers it, so the two stay one group.
         other if item.call_id.is_some() => {
             let id = required(item.call_id, "call_id")?;
             if other.ends_with("_output") {
-                Message::from_item(raw, tool, None, Vec::new(), Some(id), Some(raw), false)
+                answer(id, None, Some(raw))
             } else {
-                let name = Cow::Owned(other.to_string());
-                Message::from_item(
-                    raw,
-                    assistant,
-                    None,
-                    call(id, name, None),
-                    None,
-                    Some(raw),
-                    false,
-                )
+                call(id, Cow::Owned(other.to_string()), None, Some(raw))
             }
         }
         // An item that speaks as the developer or the system (Codex declares its tools in an
         // `additional_tools` item with `role: developer`) is an instruction, kept whole.
-        _ if matches!(item.role.as_deref(), Some("developer" | "system")) => Message::from_item(
-            raw,
-            item.role.unwrap_or(Cow::Borrowed("developer")),
-            None,
-            Vec::new(),
-            None,
-            Some(raw),
-            false,
-        ),
+        _ if matches!(item.role.as_deref(), Some("developer" | "system")) => {
+            whole(item.role.unwrap_or(Cow::Borrowed("developer")), false)
+        }
         // Self-contained items (web and file search, image generation, code interpreter, MCP
         // calls with their output, compaction) and kinds this version does not know.
-        other => Message::from_item(
-            raw,
-            Cow::Owned(other.to_string()),
-            None,
-            Vec::new(),
-            None,
-            Some(raw),
-            false,
-        ),
+        other => whole(Cow::Owned(other.to_string()), false),
     })
 }
 
