@@ -1,6 +1,7 @@
 //! The library's modules form no cycle: no module uses a module that uses it back, directly or
-//! around a circle. Read from the source itself (`use` trees and `crate::`/`super::` paths,
-//! outside comments, strings and `#[cfg(test)]` modules), so it holds for every future change.
+//! around a circle. Read from the source itself, parsed as Rust with `syn` (`use` trees and
+//! `crate::`/`super::` paths, in code and in macro bodies, outside `#[cfg(test)]` items), so it
+//! holds for every future change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -38,158 +39,136 @@ fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
     found
 }
 
-/// The code of a file without comments, string and char literals, and `#[cfg(test)]` items.
-fn code_of(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
+/// Every path a file names that may be a module of this crate: each `use` tree expanded
+/// (`a::{b, c::d}` → `a::b`, `a::c::d`), and each `crate::`, `super::` or `self::` path in the
+/// code and in macro bodies; nothing inside a `#[cfg(test)]` item.
+fn paths_of(file: &syn::File) -> Vec<String> {
+    let mut paths = Paths(Vec::new());
+    syn::visit::visit_file(&mut paths, file);
+    paths.0
+}
+
+struct Paths(Vec<String>);
+
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|attr| {
+        attr.path().is_ident("cfg")
+            && attr
+                .meta
+                .require_list()
+                .is_ok_and(|list| list.tokens.to_string() == "test")
+    })
+}
+
+fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
+    match item {
+        syn::Item::Mod(item) => &item.attrs,
+        syn::Item::Fn(item) => &item.attrs,
+        syn::Item::Impl(item) => &item.attrs,
+        syn::Item::Use(item) => &item.attrs,
+        syn::Item::Const(item) => &item.attrs,
+        syn::Item::Static(item) => &item.attrs,
+        syn::Item::Struct(item) => &item.attrs,
+        syn::Item::Enum(item) => &item.attrs,
+        syn::Item::Trait(item) => &item.attrs,
+        _ => &[],
+    }
+}
+
+fn anchored(first: &str) -> bool {
+    matches!(first, "crate" | "super" | "self")
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if !is_cfg_test(item_attrs(item)) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
+        if !is_cfg_test(&item.attrs) {
+            syn::visit::visit_impl_item_fn(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        expand_use_tree(&item.tree, "", &mut self.0);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        if segments.first().is_some_and(|first| anchored(first)) {
+            self.0.push(segments.join("::"));
+        }
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        macro_paths(mac.tokens.clone(), &mut self.0);
+        syn::visit::visit_macro(self, mac);
+    }
+}
+
+/// `crate::a::b` runs inside a macro's tokens, which syn leaves unparsed.
+fn macro_paths(tokens: proc_macro2::TokenStream, out: &mut Vec<String>) {
+    use proc_macro2::TokenTree;
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
     let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            i += 2;
-            while i + 1 < chars.len() && !(chars[i] == '*' && chars[i + 1] == '/') {
-                i += 1;
-            }
-            i += 2;
-        } else if c == 'r'
-            && (next == Some('"') || next == Some('#'))
-            && raw_string_start(&chars, i)
-        {
-            let mut hashes = 0;
-            let mut j = i + 1;
-            while chars.get(j) == Some(&'#') {
-                hashes += 1;
-                j += 1;
-            }
-            if chars.get(j) != Some(&'"') {
-                out.push(c);
-                i += 1;
-                continue;
-            }
-            j += 1;
-            loop {
-                if j >= chars.len() {
-                    break;
-                }
-                if chars[j] == '"' && (0..hashes).all(|h| chars.get(j + 1 + h) == Some(&'#')) {
-                    j += 1 + hashes;
-                    break;
-                }
-                j += 1;
-            }
-            out.push_str("\"\"");
-            i = j;
-        } else if c == '"' {
-            i += 1;
-            while i < chars.len() && chars[i] != '"' {
-                i += if chars[i] == '\\' { 2 } else { 1 };
-            }
-            i += 1;
-            out.push_str("\"\"");
-        } else if c == '\'' && next == Some('\\') {
-            i += 2;
-            while i < chars.len() && chars[i] != '\'' {
-                i += 1;
-            }
-            i += 1;
-        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
-            i += 3;
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    strip_test_items(&out)
-}
-
-/// Whether the `r` at `i` opens a raw string (`r"`, `r#"`, `br"`), not ends an identifier.
-fn raw_string_start(chars: &[char], i: usize) -> bool {
-    let before = |k: usize| i.checked_sub(k).and_then(|j| chars.get(j));
-    match before(1) {
-        Some('b') => !ident(before(2)),
-        other => !ident(other),
-    }
-}
-
-fn ident(c: Option<&char>) -> bool {
-    c.is_some_and(|c| c.is_alphanumeric() || *c == '_')
-}
-
-/// Removes each `#[cfg(test)]` item: up to the end of its braced block.
-fn strip_test_items(code: &str) -> String {
-    let mut out = String::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("#[cfg(test)]") {
-        out.push_str(&rest[..at]);
-        let after = &rest[at..];
-        let Some(open) = after.find(['{', ';']) else {
-            return out;
-        };
-        if after.as_bytes()[open] == b';' {
-            rest = &after[open + 1..];
-            continue;
-        }
-        let mut depth = 0;
-        let mut end = after.len();
-        for (k, b) in after.bytes().enumerate().skip(open) {
-            match b {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = k + 1;
+    while i < tokens.len() {
+        match &tokens[i] {
+            TokenTree::Group(group) => macro_paths(group.stream(), out),
+            TokenTree::Ident(first) if anchored(&first.to_string()) => {
+                let mut segments = vec![first.to_string()];
+                let mut j = i + 1;
+                while let (
+                    Some(TokenTree::Punct(a)),
+                    Some(TokenTree::Punct(b)),
+                    Some(TokenTree::Ident(next)),
+                ) = (tokens.get(j), tokens.get(j + 1), tokens.get(j + 2))
+                {
+                    if a.as_char() != ':' || b.as_char() != ':' {
                         break;
                     }
+                    segments.push(next.to_string());
+                    j += 3;
                 }
-                _ => {}
-            }
-        }
-        rest = &after[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Every path a `use` tree names, expanded (`a::{b, c::d}` → `a::b`, `a::c::d`).
-fn expand_use_tree(tree: &str) -> Vec<String> {
-    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
-    let Some(open) = tree.find('{') else {
-        return vec![tree.split(" as ").next().unwrap_or("").to_string()];
-    };
-    let prefix = &tree[..open];
-    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
-    let mut items = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    for (k, c) in inner.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&inner[start..k]);
-                start = k + 1;
+                if segments.len() > 1 {
+                    out.push(segments.join("::"));
+                }
+                i = j;
+                continue;
             }
             _ => {}
         }
+        i += 1;
     }
-    items.push(&inner[start..]);
-    items
-        .into_iter()
-        .filter(|item| !item.is_empty())
-        .flat_map(|item| {
-            expand_use_tree(item)
-                .into_iter()
-                .map(move |path| match path.as_str() {
-                    "self" => prefix.trim_end_matches("::").to_string(),
-                    _ => format!("{prefix}{path}"),
-                })
-        })
-        .collect()
+}
+
+/// Every path a `use` tree names, expanded; `self` in a group names the group's prefix.
+fn expand_use_tree(tree: &syn::UseTree, prefix: &str, out: &mut Vec<String>) {
+    let joined = |name: &str| {
+        if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}::{name}")
+        }
+    };
+    match tree {
+        syn::UseTree::Path(path) => {
+            expand_use_tree(&path.tree, &joined(&path.ident.to_string()), out)
+        }
+        syn::UseTree::Name(name) if name.ident == "self" => out.push(prefix.to_string()),
+        syn::UseTree::Name(name) => out.push(joined(&name.ident.to_string())),
+        syn::UseTree::Rename(rename) if rename.ident == "self" => out.push(prefix.to_string()),
+        syn::UseTree::Rename(rename) => out.push(joined(&rename.ident.to_string())),
+        syn::UseTree::Glob(_) => out.push(prefix.to_string()),
+        syn::UseTree::Group(group) => {
+            for tree in &group.items {
+                expand_use_tree(tree, prefix, out);
+            }
+        }
+    }
 }
 
 fn parent(module: &str) -> String {
@@ -239,35 +218,12 @@ fn resolve(module: &str, path: &str, known: &BTreeMap<String, PathBuf>) -> Optio
         .filter(|target| target != module)
 }
 
-fn dependencies(module: &str, code: &str, known: &BTreeMap<String, PathBuf>) -> BTreeSet<String> {
-    let mut paths = Vec::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("use ") {
-        let boundary_ok = at == 0 || !ident(rest[..at].chars().last().as_ref());
-        let after = &rest[at + 4..];
-        let end = after.find(';').unwrap_or(after.len());
-        if boundary_ok {
-            paths.extend(expand_use_tree(&after[..end]));
-        }
-        rest = &after[end.min(after.len())..];
-    }
-    for anchor in ["crate::", "super::"] {
-        let mut rest = code;
-        while let Some(at) = rest.find(anchor) {
-            let start = at;
-            let tail = &rest[start..];
-            let len = tail
-                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                .unwrap_or(tail.len());
-            let path = &tail[..len];
-            // `super::{…}` and `super::*` are use trees, read above.
-            if !ident(rest[..start].chars().last().as_ref()) && !path.ends_with("::") {
-                paths.push(path.to_string());
-            }
-            rest = &tail[len.max(anchor.len())..];
-        }
-    }
-    paths
+fn dependencies(
+    module: &str,
+    file: &syn::File,
+    known: &BTreeMap<String, PathBuf>,
+) -> BTreeSet<String> {
+    paths_of(file)
         .iter()
         .filter_map(|path| resolve(module, path, known))
         .collect()
@@ -325,10 +281,8 @@ fn graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .iter()
         .map(|(module, path)| {
             let text = std::fs::read_to_string(path).expect("source is readable");
-            (
-                module.clone(),
-                dependencies(module, &code_of(&text), &known),
-            )
+            let file = syn::parse_file(&text).expect("source parses");
+            (module.clone(), dependencies(module, &file, &known))
         })
         .collect()
 }
@@ -349,9 +303,10 @@ fn the_checker_sees_use_trees_inline_paths_and_cycles() {
         .iter()
         .map(|m| (m.to_string(), PathBuf::new()))
         .collect();
-    let code = code_of(
+    let code = syn::parse_file(
         "use super::{b::X, c};\n// use crate::d;\nfn f() { let s = \"crate::d\"; crate::d::g(); }\n#[cfg(test)]\nmod tests { use crate::a; }\n",
-    );
+    )
+    .expect("parses");
     let deps = dependencies("a::b", &code, &known);
     assert_eq!(
         deps,
