@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lints and renders the chart with the real helm, where helm is installed (CI checks the chart
-# with tests/suite/helm_chart.rs, which needs no helm). Usage: scripts/helm-check.sh [values.yaml]
+# Lints and renders the chart with the real helm, where helm is installed (CI checks the
+# objects scripts/helm-golden.sh rendered, in tests/suite/helm_chart.rs). Usage: scripts/helm-check.sh [values.yaml]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v helm >/dev/null || { echo "helm is not installed" >&2; exit 2; }
