@@ -140,34 +140,9 @@ pub struct Metrics {
     enabled: AtomicBool,
     registry: Registry,
     other: Name,
-    requests: Family<RequestLabels, Counter>,
-    overhead: Histogram,
-    token_usage: Histograms<TokenLabels>,
-    request_duration: Histograms<GenAiLabels>,
-    first_token: Histograms<GenAiLabels>,
-    compactions: Family<CompactionLabels, Counter>,
-    tokens_before: Histogram,
-    tokens_after: Histogram,
-    tokens_saved: Counter,
-    outputs_cleared: Counter,
-    messages_dropped: Counter,
-    summarizer_calls: Family<ResultLabels, Counter>,
-    summarizer_duration: Histogram,
-    summarizer_failures: Family<ReasonLabels, Counter>,
-    cache_lookups: Family<ResultLabels, Counter>,
-    cache_entries: Gauge,
-    cache_bytes: Gauge,
-    single_flight_joins: Counter,
-    bodies_in_flight: Gauge,
-    buffered_bytes: Gauge,
-    reactive_retries: Family<ResultLabels, Counter>,
-    precomputes: Counter,
-    reloads: Family<ResultLabels, Counter>,
-    redis_up: Gauge,
-    redis_commands: Family<ResultLabels, Counter>,
-    remote_lookups: Family<ResultLabels, Counter>,
-    leases: Family<ResultLabels, Counter>,
-    lease_waiting: Gauge,
+    traffic: Traffic,
+    compaction: CompactionMetrics,
+    caching: Caching,
 }
 
 impl Default for Metrics {
@@ -176,9 +151,20 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    pub fn new(enabled: bool) -> Metrics {
-        let mut registry = Registry::default();
+/// Requests, model calls and the bytes they hold.
+struct Traffic {
+    requests: Family<RequestLabels, Counter>,
+    overhead: Histogram,
+    token_usage: Histograms<TokenLabels>,
+    request_duration: Histograms<GenAiLabels>,
+    first_token: Histograms<GenAiLabels>,
+    bodies_in_flight: Gauge,
+    buffered_bytes: Gauge,
+    reloads: Family<ResultLabels, Counter>,
+}
+
+impl Traffic {
+    fn register(registry: &mut Registry) -> Traffic {
         let requests = Family::default();
         registry.register(
             "compactor_requests",
@@ -211,6 +197,58 @@ impl Metrics {
             "Time from a model call's arrival to the first byte of its response body",
             first_token.clone(),
         );
+        let bodies_in_flight = Gauge::default();
+        registry.register(
+            "compactor_bodies_in_flight",
+            "Request bodies held in memory (for routing or compaction) now",
+            bodies_in_flight.clone(),
+        );
+        let buffered_bytes = Gauge::default();
+        registry.register(
+            "compactor_buffered_bytes",
+            "Bytes of request bodies held in memory now",
+            buffered_bytes.clone(),
+        );
+        let reloads = Family::default();
+        registry.register(
+            "compactor_config_reloads",
+            "Configuration reloads (result: ok or refused)",
+            reloads.clone(),
+        );
+        for result in ["ok", "refused"] {
+            let _ = reloads.get_or_create(&ResultLabels { result });
+        }
+        Traffic {
+            requests,
+            overhead,
+            token_usage,
+            request_duration,
+            first_token,
+            bodies_in_flight,
+            buffered_bytes,
+            reloads,
+        }
+    }
+}
+
+/// What compaction did and what its summaries cost.
+struct CompactionMetrics {
+    compactions: Family<CompactionLabels, Counter>,
+    tokens_before: Histogram,
+    tokens_after: Histogram,
+    tokens_saved: Counter,
+    outputs_cleared: Counter,
+    messages_dropped: Counter,
+    summarizer_calls: Family<ResultLabels, Counter>,
+    summarizer_duration: Histogram,
+    summarizer_failures: Family<ReasonLabels, Counter>,
+    reactive_retries: Family<ResultLabels, Counter>,
+    precomputes: Counter,
+    single_flight_joins: Counter,
+}
+
+impl CompactionMetrics {
+    fn register(registry: &mut Registry) -> CompactionMetrics {
         let compactions = Family::default();
         registry.register(
             "compactor_compactions",
@@ -265,6 +303,61 @@ impl Metrics {
             "Summaries that could not be had, by reason",
             summarizer_failures.clone(),
         );
+        let single_flight_joins = Counter::default();
+        registry.register(
+            "compactor_single_flight_joins",
+            "Requests that waited on a summary another request was already making",
+            single_flight_joins.clone(),
+        );
+        let reactive_retries = Family::default();
+        registry.register(
+            "compactor_reactive_retries",
+            "Requests retried compacted after an upstream context-length error (result: ok, failed, unchanged)",
+            reactive_retries.clone(),
+        );
+        let precomputes = Counter::default();
+        registry.register(
+            "compactor_precomputes_started",
+            "Summaries started ahead of need (precompute_at)",
+            precomputes.clone(),
+        );
+        for result in ["ok", "error"] {
+            let _ = summarizer_calls.get_or_create(&ResultLabels { result });
+        }
+        for result in ["ok", "failed", "unchanged"] {
+            let _ = reactive_retries.get_or_create(&ResultLabels { result });
+        }
+        CompactionMetrics {
+            compactions,
+            tokens_before,
+            tokens_after,
+            tokens_saved,
+            outputs_cleared,
+            messages_dropped,
+            summarizer_calls,
+            summarizer_duration,
+            summarizer_failures,
+            reactive_retries,
+            precomputes,
+            single_flight_joins,
+        }
+    }
+}
+
+/// The summary cache and the replicas' shared tier.
+struct Caching {
+    cache_lookups: Family<ResultLabels, Counter>,
+    cache_entries: Gauge,
+    cache_bytes: Gauge,
+    redis_up: Gauge,
+    redis_commands: Family<ResultLabels, Counter>,
+    remote_lookups: Family<ResultLabels, Counter>,
+    leases: Family<ResultLabels, Counter>,
+    lease_waiting: Gauge,
+}
+
+impl Caching {
+    fn register(registry: &mut Registry) -> Caching {
         let cache_lookups = Family::default();
         registry.register(
             "compactor_summary_cache_lookups",
@@ -282,42 +375,6 @@ impl Metrics {
             "compactor_summary_cache_bytes",
             "Weight of the summary cache, in bytes of summaries",
             cache_bytes.clone(),
-        );
-        let single_flight_joins = Counter::default();
-        registry.register(
-            "compactor_single_flight_joins",
-            "Requests that waited on a summary another request was already making",
-            single_flight_joins.clone(),
-        );
-        let bodies_in_flight = Gauge::default();
-        registry.register(
-            "compactor_bodies_in_flight",
-            "Request bodies held in memory (for routing or compaction) now",
-            bodies_in_flight.clone(),
-        );
-        let buffered_bytes = Gauge::default();
-        registry.register(
-            "compactor_buffered_bytes",
-            "Bytes of request bodies held in memory now",
-            buffered_bytes.clone(),
-        );
-        let reactive_retries = Family::default();
-        registry.register(
-            "compactor_reactive_retries",
-            "Requests retried compacted after an upstream context-length error (result: ok, failed, unchanged)",
-            reactive_retries.clone(),
-        );
-        let precomputes = Counter::default();
-        registry.register(
-            "compactor_precomputes_started",
-            "Summaries started ahead of need (precompute_at)",
-            precomputes.clone(),
-        );
-        let reloads = Family::default();
-        registry.register(
-            "compactor_config_reloads",
-            "Configuration reloads (result: ok or refused)",
-            reloads.clone(),
         );
         let redis_up = Gauge::default();
         registry.register(
@@ -350,17 +407,8 @@ impl Metrics {
             lease_waiting.clone(),
         );
         // Label sets known in advance start at zero, so `rate()` sees them before they move.
-        for result in ["ok", "error"] {
-            let _ = summarizer_calls.get_or_create(&ResultLabels { result });
-        }
         for result in ["hit", "miss"] {
             let _ = cache_lookups.get_or_create(&ResultLabels { result });
-        }
-        for result in ["ok", "failed", "unchanged"] {
-            let _ = reactive_retries.get_or_create(&ResultLabels { result });
-        }
-        for result in ["ok", "refused"] {
-            let _ = reloads.get_or_create(&ResultLabels { result });
         }
         for result in ["ok", "error"] {
             let _ = redis_commands.get_or_create(&ResultLabels { result });
@@ -371,38 +419,29 @@ impl Metrics {
         for result in ["made", "joined", "taken_over", "timeout"] {
             let _ = leases.get_or_create(&ResultLabels { result });
         }
-        Metrics {
-            enabled: AtomicBool::new(enabled),
-            registry,
-            other: Arc::from("other"),
-            requests,
-            overhead,
-            token_usage,
-            request_duration,
-            first_token,
-            compactions,
-            tokens_before,
-            tokens_after,
-            tokens_saved,
-            outputs_cleared,
-            messages_dropped,
-            summarizer_calls,
-            summarizer_duration,
-            summarizer_failures,
+        Caching {
             cache_lookups,
             cache_entries,
             cache_bytes,
-            single_flight_joins,
-            bodies_in_flight,
-            buffered_bytes,
-            reactive_retries,
-            precomputes,
-            reloads,
             redis_up,
             redis_commands,
             remote_lookups,
             leases,
             lease_waiting,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn new(enabled: bool) -> Metrics {
+        let mut registry = Registry::default();
+        Metrics {
+            enabled: AtomicBool::new(enabled),
+            other: Arc::from("other"),
+            traffic: Traffic::register(&mut registry),
+            compaction: CompactionMetrics::register(&mut registry),
+            caching: Caching::register(&mut registry),
+            registry,
         }
     }
 
@@ -421,7 +460,8 @@ impl Metrics {
             return;
         }
         let upstream = request.upstream.unwrap_or(&self.other);
-        self.requests
+        self.traffic
+            .requests
             .get_or_create(&RequestLabels {
                 route: request.route.label(),
                 status: request.status,
@@ -429,7 +469,7 @@ impl Metrics {
             })
             .inc();
         if let Some(overhead) = request.overhead {
-            self.overhead.observe(overhead.as_secs_f64());
+            self.traffic.overhead.observe(overhead.as_secs_f64());
         }
         if let Some(outcome) = request.compaction {
             self.compaction(outcome);
@@ -442,14 +482,16 @@ impl Metrics {
             gen_ai_provider_name: upstream.clone(),
             gen_ai_request_model: request.model.unwrap_or(&self.other).clone(),
         };
-        self.request_duration
+        self.traffic
+            .request_duration
             .get_or_create(&labels)
             .observe(request.duration.as_secs_f64());
         if let Some(first) = request
             .first_byte
             .filter(|_| (200..300).contains(&request.status))
         {
-            self.first_token
+            self.traffic
+                .first_token
                 .get_or_create(&labels)
                 .observe(first.as_secs_f64());
         }
@@ -457,7 +499,8 @@ impl Metrics {
             let tokens = [("input", usage.input), ("output", usage.output)];
             for (kind, count) in tokens {
                 let Some(count) = count else { continue };
-                self.token_usage
+                self.traffic
+                    .token_usage
                     .get_or_create(&TokenLabels {
                         gen_ai_operation_name: labels.gen_ai_operation_name,
                         gen_ai_provider_name: labels.gen_ai_provider_name.clone(),
@@ -470,7 +513,8 @@ impl Metrics {
     }
 
     fn compaction(&self, outcome: &Outcome) {
-        self.compactions
+        self.compaction
+            .compactions
             .get_or_create(&CompactionLabels {
                 outcome: outcome.label(),
                 reason: outcome.reason.label(),
@@ -482,14 +526,17 @@ impl Metrics {
             CacheUse::NotConsulted => {}
         }
         if outcome.outputs_cleared > 0 {
-            self.outputs_cleared.inc_by(outcome.outputs_cleared as u64);
+            self.compaction
+                .outputs_cleared
+                .inc_by(outcome.outputs_cleared as u64);
         }
         if outcome.messages_dropped > 0 {
-            self.messages_dropped
+            self.compaction
+                .messages_dropped
                 .inc_by(outcome.messages_dropped as u64);
         }
         if outcome.precompute_started {
-            self.precomputes.inc();
+            self.compaction.precomputes.inc();
         }
         let changed = matches!(
             outcome.kind,
@@ -499,14 +546,17 @@ impl Metrics {
                 | OutcomeKind::Truncated
         );
         if let (true, Some((before, after))) = (changed, outcome.token_counts()) {
-            self.tokens_before.observe(before as f64);
-            self.tokens_after.observe(after as f64);
-            self.tokens_saved.inc_by(before.saturating_sub(after));
+            self.compaction.tokens_before.observe(before as f64);
+            self.compaction.tokens_after.observe(after as f64);
+            self.compaction
+                .tokens_saved
+                .inc_by(before.saturating_sub(after));
         }
     }
 
     fn lookup(&self, result: &'static str) {
-        self.cache_lookups
+        self.caching
+            .cache_lookups
             .get_or_create(&ResultLabels { result })
             .inc();
     }
@@ -517,25 +567,32 @@ impl Metrics {
             return;
         }
         let result = if ok { "ok" } else { "error" };
-        self.summarizer_calls
+        self.compaction
+            .summarizer_calls
             .get_or_create(&ResultLabels { result })
             .inc();
-        self.summarizer_duration.observe(took.as_secs_f64());
+        self.compaction
+            .summarizer_duration
+            .observe(took.as_secs_f64());
     }
 
     /// Starts each of these failure reasons at zero.
     pub fn known_failures(&self, reasons: &[Reason]) {
         for reason in reasons {
-            let _ = self.summarizer_failures.get_or_create(&ReasonLabels {
-                reason: reason.label(),
-            });
+            let _ = self
+                .compaction
+                .summarizer_failures
+                .get_or_create(&ReasonLabels {
+                    reason: reason.label(),
+                });
         }
     }
 
     /// A summary could not be had (`reason` is the failure's label).
     pub fn summary_failed(&self, reason: &'static str) {
         if self.enabled() {
-            self.summarizer_failures
+            self.compaction
+                .summarizer_failures
                 .get_or_create(&ReasonLabels { reason })
                 .inc();
         }
@@ -543,7 +600,7 @@ impl Metrics {
 
     pub fn single_flight_joined(&self) {
         if self.enabled() {
-            self.single_flight_joins.inc();
+            self.compaction.single_flight_joins.inc();
         }
     }
 
@@ -551,55 +608,68 @@ impl Metrics {
     /// `unchanged` (compaction could not change the request).
     pub fn reactive_retry(&self, result: &'static str) {
         if self.enabled() {
-            self.reactive_retries
+            self.compaction
+                .reactive_retries
                 .get_or_create(&ResultLabels { result })
                 .inc();
         }
     }
 
     pub fn redis_up(&self, up: bool) {
-        self.redis_up.set(i64::from(up));
+        self.caching.redis_up.set(i64::from(up));
     }
 
     pub fn redis_command(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
-        self.redis_commands
+        self.caching
+            .redis_commands
             .get_or_create(&ResultLabels { result })
             .inc();
     }
 
     pub fn remote_lookup(&self, hit: bool) {
         let result = if hit { "hit" } else { "miss" };
-        self.remote_lookups
+        self.caching
+            .remote_lookups
             .get_or_create(&ResultLabels { result })
             .inc();
     }
 
     /// How a summary asked for through Redis was had: `made`, `joined`, `taken_over`, `timeout`.
     pub fn lease(&self, result: &'static str) {
-        self.leases.get_or_create(&ResultLabels { result }).inc();
+        self.caching
+            .leases
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// A request starts (`true`) or stops waiting on another replica's summary.
     pub fn lease_waiting(&self, waiting: bool) {
         if waiting {
-            self.lease_waiting.inc();
+            self.caching.lease_waiting.inc();
         } else {
-            self.lease_waiting.dec();
+            self.caching.lease_waiting.dec();
         }
     }
 
     pub fn reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "refused" };
-        self.reloads.get_or_create(&ResultLabels { result }).inc();
+        self.traffic
+            .reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// The text exposition, with the gauges read now.
     pub fn render(&self, gauges: Gauges) -> String {
-        self.cache_entries.set(gauges.cache_entries as i64);
-        self.cache_bytes.set(gauges.cache_bytes as i64);
-        self.bodies_in_flight.set(gauges.bodies_in_flight as i64);
-        self.buffered_bytes.set(gauges.buffered_bytes as i64);
+        self.caching.cache_entries.set(gauges.cache_entries as i64);
+        self.caching.cache_bytes.set(gauges.cache_bytes as i64);
+        self.traffic
+            .bodies_in_flight
+            .set(gauges.bodies_in_flight as i64);
+        self.traffic
+            .buffered_bytes
+            .set(gauges.buffered_bytes as i64);
         let mut out = String::with_capacity(16 * 1024);
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!("cannot render metrics: {e}");
