@@ -28,7 +28,7 @@ use crate::compaction::summaries::cache::CacheKey;
 use crate::compaction::summaries::single_flight::SingleFlight;
 use crate::compaction::summaries::store::{Claim, LayoutKey};
 use crate::compaction::summaries::summarizer::{
-    HttpSummarizer, Summarizer, SummaryError, SummaryRequest,
+    HttpSummarizer, Summarizer, SummaryCall, SummaryError, SummaryRequest,
 };
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
@@ -491,17 +491,17 @@ impl CompactionEngine {
     /// that outlives any one of them and stores its result in the cache.
     async fn summary_for(&self, job: &Job, flight: [u8; 32], headers: &HeaderMap) -> FlightResult {
         let config = &self.inner.planner.config;
-        let request = self.summary_request(job, headers);
+        let call = self.summary_call(job, headers);
         // Each call is bounded by timeout_secs; the run as a whole by that times its calls.
         let bound = Duration::from_secs_f64(config.timeout_secs) * job.chunks.len().max(1) as u32;
         let span = crate::telemetry::summarizer_span(
-            &request.upstream,
-            &request.model,
-            request.max_tokens,
+            &call.upstream,
+            &call.model,
+            call.max_tokens,
             job.chunks.len(),
         );
         let run = SummaryRun {
-            request,
+            call,
             key: job.key,
             flight,
             chunks: job.chunks.clone(),
@@ -529,18 +529,17 @@ impl CompactionEngine {
         shared.unwrap_or(Err(CompactionFailure::Internal))
     }
 
-    /// The summarizer call for `job`, with the client's own credentials where they may go.
-    fn summary_request(&self, job: &Job, headers: &HeaderMap) -> SummaryRequest {
+    /// Where `job`'s summarizer calls go, with the client's own credentials where they may.
+    fn summary_call(&self, job: &Job, headers: &HeaderMap) -> SummaryCall {
         let config = &self.inner.planner.config;
         let credential = |name| {
             job.client_credentials
                 .then(|| headers.get(name).cloned())
                 .flatten()
         };
-        SummaryRequest {
+        SummaryCall {
             upstream: job.upstream.clone(),
             model: job.model.clone(),
-            prompt: String::new(),
             max_tokens: config.summary_max_tokens,
             api: config.summarizer_api,
             client_authorization: credential(AUTHORIZATION),
@@ -577,7 +576,7 @@ impl CompactionEngine {
 
 /// One summarizer run, owned, for the single flight that makes it.
 struct SummaryRun {
-    request: SummaryRequest,
+    call: SummaryCall,
     key: CacheKey,
     flight: CacheKey,
     chunks: Vec<String>,
@@ -611,7 +610,7 @@ impl Inner {
         let (cut, excluded, splits) = run.layout;
         let made = async {
             let text = self
-                .fold_chunks(&run.request, run.previous, &run.chunks)
+                .fold_chunks(&run.call, run.previous, &run.chunks)
                 .await?;
             let tokens = summary_tokens(&text, &self.planner.config, &run.token_model);
             if tokens >= run.replaced_tokens {
@@ -647,7 +646,7 @@ impl Inner {
     /// Summarizes the chunks in order, each folded into the next; one chunk is one call.
     async fn fold_chunks(
         &self,
-        request: &SummaryRequest,
+        call: &SummaryCall,
         mut previous: Option<String>,
         chunks: &[String],
     ) -> Result<String, CompactionFailure> {
@@ -661,8 +660,8 @@ impl Inner {
             let text = self
                 .summarizer
                 .summarize(SummaryRequest {
+                    call: call.clone(),
                     prompt,
-                    ..request.clone()
                 })
                 .await;
             self.metrics

@@ -18,12 +18,19 @@ use crate::body;
 use crate::config::{SummarizerApi, UpstreamApi};
 use crate::routing::Upstreams;
 
-/// One summarizer call.
+/// One summarizer call: the run's settings and this call's prompt.
 #[derive(Debug, Clone)]
 pub struct SummaryRequest {
+    pub call: SummaryCall,
+    pub prompt: String,
+}
+
+/// Where and how a run's calls go: everything a call needs but its prompt, the same for
+/// every call of one run.
+#[derive(Debug, Clone)]
+pub struct SummaryCall {
     pub upstream: String,
     pub model: String,
-    pub prompt: String,
     pub max_tokens: u64,
     pub api: SummarizerApi,
     /// The client's credentials, used when the upstream has no key of its own.
@@ -90,24 +97,24 @@ impl Summarizer for HttpSummarizer {
 
 async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String, SummaryError> {
     let upstream = upstreams
-        .by_name(&request.upstream)
-        .ok_or_else(|| SummaryError::NoUpstream(request.upstream.clone()))?;
+        .by_name(&request.call.upstream)
+        .ok_or_else(|| SummaryError::NoUpstream(request.call.upstream.clone()))?;
     let anthropic = upstream.api == UpstreamApi::Anthropic;
-    let (path, payload) = match request.api {
+    let (path, payload) = match request.call.api {
         _ if anthropic => (
             "/messages",
             json!({
-                "model": request.model,
-                "max_tokens": request.max_tokens,
+                "model": request.call.model,
+                "max_tokens": request.call.max_tokens,
                 "messages": [{"role": "user", "content": request.prompt}],
             }),
         ),
         SummarizerApi::ChatCompletions => (
             "/chat/completions",
             json!({
-                "model": request.model,
+                "model": request.call.model,
                 "messages": [{"role": "user", "content": request.prompt}],
-                "max_tokens": request.max_tokens,
+                "max_tokens": request.call.max_tokens,
                 "stream": false,
             }),
         ),
@@ -115,9 +122,9 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
         SummarizerApi::Responses => (
             "/responses",
             json!({
-                "model": request.model,
+                "model": request.call.model,
                 "input": request.prompt,
-                "max_output_tokens": request.max_tokens,
+                "max_output_tokens": request.call.max_tokens,
                 "store": false,
                 "stream": false,
             }),
@@ -133,9 +140,9 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
         .header(header::ACCEPT, "application/json");
     // The upstream's own key, else the client's credential in the header it came in.
     let client_credentials = [
-        (header::AUTHORIZATION, &request.client_authorization),
-        (crate::headers::X_API_KEY, &request.client_x_api_key),
-        (crate::headers::API_KEY, &request.client_api_key),
+        (header::AUTHORIZATION, &request.call.client_authorization),
+        (crate::headers::X_API_KEY, &request.call.client_x_api_key),
+        (crate::headers::API_KEY, &request.call.client_api_key),
     ];
     match upstream.credential() {
         Some((name, value)) => builder = builder.header(name, value.clone()),
@@ -145,7 +152,7 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
                 .find_map(|(name, value)| value.as_ref().map(|value| (name, value)))
             {
                 builder = builder.header(name, value.clone());
-                if let Some(beta) = request.anthropic_beta.as_ref().filter(|_| anthropic) {
+                if let Some(beta) = request.call.anthropic_beta.as_ref().filter(|_| anthropic) {
                     builder = builder.header("anthropic-beta", beta.clone());
                 }
             }
@@ -155,6 +162,7 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
         builder = builder.header(
             "anthropic-version",
             request
+                .call
                 .anthropic_version
                 .clone()
                 .unwrap_or(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION)),
