@@ -10,7 +10,7 @@ use crate::compaction::front_ends::{Api, Parsed};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::clearing::Cleared;
 use crate::compaction::planner::conversation::Conversation;
-use crate::compaction::planner::digest::hash_parts;
+use crate::compaction::planner::digest::{hash_parts, Digest};
 use crate::compaction::planner::plan::{
     self, Analysed, CachedSummary, Decision, Mode, Plan, PlanSettings, Ready,
 };
@@ -402,11 +402,11 @@ impl Planner {
             to_summarize,
             previous,
             replaced_tokens,
+            chain,
         } = &plan.decision
         else {
             return None;
         };
-        let chain = plan.chain.as_ref()?;
         let base_at = previous
             .as_ref()
             .map_or((layout.head + 1).min(layout.cut), |p| p.cut);
@@ -419,6 +419,7 @@ impl Planner {
                 to_summarize,
                 previous,
                 *replaced_tokens,
+                chain,
                 lookup,
             )
             .ok()?;
@@ -453,14 +454,17 @@ impl Planner {
                 let reason = context.reason.unwrap_or(*reason);
                 self.pass_through(context, &plan, Outcome { reason, ..base }, next)
             }
-            Decision::Reuse { layout, summary } => {
-                self.reuse(context, &plan, layout, summary, base, next)
-            }
+            Decision::Reuse {
+                layout,
+                summary,
+                chain,
+            } => self.reuse(context, &plan, (layout, summary, chain), base, next),
             Decision::Summarize {
                 layout,
                 to_summarize,
                 previous,
                 replaced_tokens,
+                chain,
             } => {
                 // A summary that cannot bring the request under the model's window is not
                 // paid for: the last resort, or the request as it is.
@@ -486,6 +490,7 @@ impl Planner {
                     to_summarize,
                     previous,
                     *replaced_tokens,
+                    chain,
                     lookup,
                 );
                 match job {
@@ -541,8 +546,7 @@ impl Planner {
         &self,
         context: &Context<'_, '_>,
         plan: &Plan,
-        layout: &Layout,
-        summary: &CachedSummary,
+        (layout, summary, chain): (&Layout, &CachedSummary, &[Digest]),
         base: Outcome,
         next: Next,
     ) -> Prepared {
@@ -554,10 +558,7 @@ impl Planner {
             };
             return Prepared::Forward { outcome, next };
         };
-        let announce = plan
-            .chain
-            .as_ref()
-            .is_some_and(|chain| self.store.local().take_made_ahead(&chain[layout.cut]));
+        let announce = self.store.local().take_made_ahead(&chain[layout.cut]);
         let reason = match (context.reason, announce) {
             (Some(reason), _) => reason,
             (None, true) => Reason::Precomputed,
@@ -602,13 +603,10 @@ impl Planner {
         to_summarize: &[usize],
         previous: &Option<CachedSummary>,
         replaced_tokens: u64,
+        chain: &[Digest],
         lookup: &mut ScopedLookup<'_>,
     ) -> Result<Job, (OutcomeKind, Reason)> {
         let conversation = context.conversation;
-        let chain = plan
-            .chain
-            .as_ref()
-            .ok_or((OutcomeKind::Skipped, Reason::NoChain))?;
         if context.model.is_empty() {
             return Err((OutcomeKind::Skipped, Reason::NoModel));
         }

@@ -20,8 +20,6 @@ pub enum Reason {
     NoSummarizeStage,
     /// The client's own tool calls and results do not pair up: nothing is cut.
     InvalidToolStructure,
-    /// The cache key could not be made.
-    NoChain,
     /// No summarizer model is configured or known.
     NoModel,
     /// A summary could not bring the request under the model's window.
@@ -76,7 +74,6 @@ impl Reason {
             Reason::SpanTooSmall => "span_too_small",
             Reason::NoSummarizeStage => "no_summarize_stage",
             Reason::InvalidToolStructure => "invalid_tool_structure",
-            Reason::NoChain => "no_chain",
             Reason::NoModel => "no_model",
             Reason::WontFit => "wont_fit",
             Reason::SummaryKnownTooLarge => "summary_known_too_large",

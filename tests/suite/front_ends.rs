@@ -246,7 +246,7 @@ fn check(api: Api, system: bool, run: &[Exchange], next: &Exchange, s: &PlanSett
         }
     }
     // The next turn reuses the summary with a byte-identical prefix.
-    let key = first.chain.as_ref().expect("a chain")[layout.cut];
+    let key = first.chain().expect("a chain")[layout.cut];
     let cached = CachedSummary {
         cut: layout.cut,
         excluded: layout.excluded.clone(),

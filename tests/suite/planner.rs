@@ -642,7 +642,7 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
         text: "S".into(),
         tokens: 20,
     };
-    let chain = first.chain.clone().unwrap();
+    let chain = first.chain().unwrap().to_vec();
     struct One(Digest, CachedSummary);
     impl SummaryLookup for One {
         fn chain_seed(&mut self) -> Digest {
@@ -690,6 +690,7 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
             to_summarize,
             layout,
             replaced_tokens,
+            ..
         } => {
             assert_eq!(previous, &cached);
             assert!(to_summarize.iter().all(|&i| i >= cached.cut));
@@ -834,7 +835,7 @@ mod properties {
 
             // Planning the same request with its summary cached reuses or passes through.
             let cached = CachedSummary { cut: layout.cut, excluded: layout.excluded.clone(), splits: layout.splits.clone(), text: "S".into(), tokens: settings.summary_estimate_tokens };
-            let key = first.chain.as_ref().unwrap()[layout.cut];
+            let key = first.chain().unwrap()[layout.cut];
             struct Exact(Digest, CachedSummary);
             impl SummaryLookup for Exact {
                 fn chain_seed(&mut self) -> Digest {

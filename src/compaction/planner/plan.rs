@@ -170,6 +170,8 @@ pub enum Decision {
     Reuse {
         layout: Layout,
         summary: CachedSummary,
+        /// The conversation's prefix chain: its digests are the cache keys of this scope.
+        chain: Vec<Digest>,
     },
     /// Summarize `to_summarize` (on top of `previous` when given).
     Summarize {
@@ -179,6 +181,25 @@ pub enum Decision {
         /// Estimated tokens the new summary replaces: the summarized messages plus the previous
         /// summary. A summary that is not smaller is not worth using.
         replaced_tokens: u64,
+        /// The conversation's prefix chain: its digests are the cache keys of this scope.
+        chain: Vec<Digest>,
+    },
+}
+
+/// What the analysis chose, before the plan names it by its keys.
+enum Choice {
+    PassThrough {
+        reason: Reason,
+    },
+    Reuse {
+        layout: Layout,
+        summary: CachedSummary,
+    },
+    Summarize {
+        layout: Layout,
+        to_summarize: Vec<usize>,
+        previous: Option<CachedSummary>,
+        replaced_tokens: u64,
     },
 }
 
@@ -186,8 +207,6 @@ pub enum Decision {
 pub struct Plan {
     pub decision: Decision,
     pub tokens_before: u64,
-    /// The prefix chain, when the request was over a trigger (for storing a new summary).
-    pub chain: Option<Vec<Digest>>,
     pub cache_consulted: bool,
     pub cache_hit: bool,
     /// Each message's token count (after clearing), when the request was over a trigger.
@@ -206,6 +225,16 @@ pub struct Plan {
     /// The prefixes a cached summary may cover (valid cuts after the pinned head), longest
     /// first, when the cache was consulted.
     pub candidate_cuts: Vec<usize>,
+}
+
+impl Plan {
+    /// The conversation's prefix chain, when the decision uses the cache's keys.
+    pub fn chain(&self) -> Option<&[Digest]> {
+        match &self.decision {
+            Decision::Reuse { chain, .. } | Decision::Summarize { chain, .. } => Some(chain),
+            Decision::PassThrough { .. } => None,
+        }
+    }
 }
 
 /// Per-request facts every step reads.
@@ -309,7 +338,6 @@ pub fn analyse<'c, 'a>(
                 reason: Reason::UnderTrigger,
             },
             tokens_before,
-            chain: None,
             cache_consulted: false,
             cache_hit: false,
             message_tokens: Vec::new(),
@@ -344,7 +372,6 @@ pub fn analyse<'c, 'a>(
         return Analysed::Decided(Box::new(Plan {
             decision: Decision::PassThrough { reason },
             tokens_before,
-            chain: None,
             cache_consulted: false,
             cache_hit: false,
             message_tokens: analysis.tokens,
@@ -398,7 +425,7 @@ impl Ready<'_, '_> {
     pub fn decide(&self, cache: &mut dyn SummaryLookup) -> Plan {
         let (analysis, settings, mode) = (&self.analysis, self.settings, self.mode);
         let cached = self.cached(cache);
-        let mut decision = match &cached {
+        let choice = match &cached {
             Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
             None => {
                 let goal = match mode {
@@ -413,19 +440,38 @@ impl Ready<'_, '_> {
         };
         // A layout whose verbatim messages do not form a valid list (the request itself has an
         // unanswered call or an orphan result) is never worth a summarizer call.
-        if let Decision::Summarize { layout, .. } | Decision::Reuse { layout, .. } = &decision {
-            if validate_layout(&self.conversation.messages, layout).is_err() {
-                decision = Decision::PassThrough {
+        let valid = |layout: &Layout| validate_layout(&self.conversation.messages, layout).is_ok();
+        let chain = || self.chain.clone();
+        let decision = match choice {
+            Choice::PassThrough { reason } => Decision::PassThrough { reason },
+            Choice::Reuse { layout, .. } | Choice::Summarize { layout, .. } if !valid(&layout) => {
+                Decision::PassThrough {
                     reason: Reason::InvalidToolStructure,
-                };
+                }
             }
-        }
+            Choice::Reuse { layout, summary } => Decision::Reuse {
+                layout,
+                summary,
+                chain: chain(),
+            },
+            Choice::Summarize {
+                layout,
+                to_summarize,
+                previous,
+                replaced_tokens,
+            } => Decision::Summarize {
+                layout,
+                to_summarize,
+                previous,
+                replaced_tokens,
+                chain: chain(),
+            },
+        };
         Plan {
             decision,
             tokens_before: self.tokens_before,
             cache_consulted: true,
             candidate_cuts: analysis.candidate_cuts().collect(),
-            chain: Some(self.chain.clone()),
             cache_hit: cached.is_some(),
             message_tokens: analysis.tokens.clone(),
             cleared: self.cleared.clone(),
@@ -942,22 +988,22 @@ impl Analysis {
         }
     }
 
-    fn plan_fresh(&self, settings: &PlanSettings, goal: Goal) -> Decision {
+    fn plan_fresh(&self, settings: &PlanSettings, goal: Goal) -> Choice {
         let start = self.boundary_at_or_before(self.keep_cut(self.keep_for(settings.keep, goal)));
         let layout = self.apply_headroom(settings, start, self.head, &[], goal);
         if layout.summarized(self.head, |_| true).is_empty() {
-            return Decision::PassThrough {
+            return Choice::PassThrough {
                 reason: Reason::NothingToSummarize,
             };
         }
         let Some((layout, to_summarize)) =
             self.widen_to_span(settings, layout, self.head, &[], |_| true, goal)
         else {
-            return Decision::PassThrough {
+            return Choice::PassThrough {
                 reason: Reason::SpanTooSmall,
             };
         };
-        Decision::Summarize {
+        Choice::Summarize {
             replaced_tokens: self.tokens_of(&to_summarize),
             layout,
             to_summarize,
@@ -970,7 +1016,7 @@ impl Analysis {
         settings: &PlanSettings,
         cached: CachedSummary,
         mode: Mode,
-    ) -> Decision {
+    ) -> Choice {
         let (tokens, messages) = self.projected(cached.cut, &cached.excluded, cached.tokens);
         let reuse_layout = |headroom_unmet| Layout {
             head: self.head,
@@ -988,7 +1034,7 @@ impl Analysis {
             Mode::Force => None,
         };
         if sticky.is_some_and(|factor| !self.over(tokens, messages, factor, Goal::Now)) {
-            return Decision::Reuse {
+            return Choice::Reuse {
                 layout: reuse_layout(false),
                 summary: cached,
             };
@@ -1008,7 +1054,7 @@ impl Analysis {
         };
         if layout.summarized(self.head, new).is_empty() {
             // Nothing new can be summarized: the cached summary is as far as compaction goes.
-            return Decision::Reuse {
+            return Choice::Reuse {
                 layout: reuse_layout(true),
                 summary: cached,
             };
@@ -1017,12 +1063,12 @@ impl Analysis {
             self.widen_to_span(settings, layout, cached.cut, &cached.excluded, new, goal)
         else {
             // Nothing new worth a call: the cached summary is as far as compaction goes.
-            return Decision::Reuse {
+            return Choice::Reuse {
                 layout: reuse_layout(true),
                 summary: cached,
             };
         };
-        Decision::Summarize {
+        Choice::Summarize {
             replaced_tokens: self.tokens_of(&to_summarize) + cached.tokens,
             layout,
             to_summarize,
