@@ -88,8 +88,7 @@ fuzz_target!(|data: &[u8]| {
         let model = TokenModel { max_input_tokens: Some(100), ..TokenModel::default() };
         let planned = plan(&conversation, &settings, &model, false, &mut NoCache);
         if let Decision::Summarize { layout, to_summarize, .. } = planned.decision {
-            let entries = summary_input::transcript_entries(&conversation, &to_summarize);
-            let input = summary_input::build(entries, None, &InputSettings {
+            let input = summary_input::select(&conversation, &to_summarize, &planned.message_tokens, None, &InputSettings {
                 budget: Some(50),
                 oversize: Oversize::Fold,
                 max_calls: 4,
