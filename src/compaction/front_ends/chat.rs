@@ -11,8 +11,8 @@ use std::ops::Range;
 use super::{FrontEnd, Parsed};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
-    object_span, offset_in, raw_members, string_value, Conversation, Json, Message, ParseError,
-    Role, ToolCall,
+    deserialize_raw_object, object_span, offset_in, string_value, Conversation, Json, Message,
+    ParseError, RawObject, Role, ToolCall,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::config::{SummaryPlacement, SummaryRole};
@@ -35,6 +35,7 @@ struct RequestView<'a> {
 
 /// The members of one message object that planning reads, as raw slices, read in the same
 /// serde pass that validates the body; `first` and `last` locate the object's braces.
+#[derive(Default)]
 struct MessageFields<'a> {
     role: Option<&'a str>,
     name: Option<&'a str>,
@@ -50,50 +51,34 @@ struct MessageFields<'a> {
 
 impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MessageVisitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for MessageVisitor<'a> {
-            type Value = MessageFields<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a message object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<MessageFields<'a>, A::Error> {
-                let mut fields = MessageFields {
-                    role: None,
-                    name: None,
-                    content: None,
-                    refusal: None,
-                    tool_calls: None,
-                    function_call: None,
-                    tool_call_id: None,
-                    first: "",
-                    last: "",
-                };
-                let ends = raw_members(&mut map, |key, value| {
-                    let slot = match key {
-                        "role" => &mut fields.role,
-                        "name" => &mut fields.name,
-                        "content" => &mut fields.content,
-                        "refusal" => &mut fields.refusal,
-                        "tool_calls" => &mut fields.tool_calls,
-                        "function_call" => &mut fields.function_call,
-                        "tool_call_id" => &mut fields.tool_call_id,
-                        _ => return,
-                    };
-                    *slot = Some(value);
-                })?;
-                if fields.role.is_none() {
-                    return Err(serde::de::Error::missing_field("role"));
-                }
-                if let Some((first, last)) = ends {
-                    (fields.first, fields.last) = (first, last);
-                }
-                Ok(fields)
-            }
+        deserialize_raw_object(deserializer)
+    }
+}
+
+impl<'a> RawObject<'a> for MessageFields<'a> {
+    const EXPECTING: &'static str = "a message object";
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
+        Some(match key {
+            "role" => &mut self.role,
+            "name" => &mut self.name,
+            "content" => &mut self.content,
+            "refusal" => &mut self.refusal,
+            "tool_calls" => &mut self.tool_calls,
+            "function_call" => &mut self.function_call,
+            "tool_call_id" => &mut self.tool_call_id,
+            _ => return None,
+        })
+    }
+
+    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
+        if self.role.is_none() {
+            return Err(E::missing_field("role"));
         }
-        deserializer.deserialize_map(MessageVisitor(std::marker::PhantomData))
+        if let Some((first, last)) = ends {
+            (self.first, self.last) = (first, last);
+        }
+        Ok(self)
     }
 }
 

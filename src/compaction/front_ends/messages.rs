@@ -26,8 +26,8 @@ use std::ops::Range;
 use super::{FrontEnd, Parsed};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
-    object_span, offset_in, raw_members, string_value, Conversation, Json, Message, ParseError,
-    Role, ToolCall, ToolOutput,
+    deserialize_raw_object, object_span, offset_in, string_value, Conversation, Json, Message,
+    ParseError, RawObject, Role, ToolCall, ToolOutput,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
@@ -61,30 +61,25 @@ struct MessageFields<'a> {
 
 impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MessageVisitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for MessageVisitor<'a> {
-            type Value = MessageFields<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a message object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<MessageFields<'a>, A::Error> {
-                let mut fields = MessageFields::default();
-                let ends = raw_members(&mut map, |key, value| match key {
-                    "role" => fields.role = Some(value),
-                    "content" => fields.content = Some(value),
-                    _ => {}
-                })?;
-                let Some((first, last)) = ends else {
-                    return Err(serde::de::Error::custom("a message has no members"));
-                };
-                (fields.first, fields.last) = (first, last);
-                Ok(fields)
-            }
+        deserialize_raw_object(deserializer)
+    }
+}
+
+impl<'a> RawObject<'a> for MessageFields<'a> {
+    const EXPECTING: &'static str = "a message object";
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
+        match key {
+            "role" => Some(&mut self.role),
+            "content" => Some(&mut self.content),
+            _ => None,
         }
-        deserializer.deserialize_map(MessageVisitor(std::marker::PhantomData))
+    }
+
+    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
+        let (first, last) = ends.ok_or_else(|| E::custom("a message has no members"))?;
+        (self.first, self.last) = (first, last);
+        Ok(self)
     }
 }
 

@@ -20,7 +20,8 @@ use std::ops::Range;
 use super::{FrontEnd, Parsed};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
-    object_span, offset_in, raw_members, string_value, Conversation, Message, ParseError, ToolCall,
+    deserialize_raw_object, object_span, offset_in, string_value, Conversation, Message,
+    ParseError, RawObject, ToolCall,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
@@ -99,41 +100,33 @@ struct ItemFields<'a> {
 
 impl<'de: 'a, 'a> Deserialize<'de> for ItemFields<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ItemVisitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for ItemVisitor<'a> {
-            type Value = ItemFields<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an input item object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ItemFields<'a>, A::Error> {
-                let mut fields = ItemFields::default();
-                let ends = raw_members(&mut map, |key, value| {
-                    let slot = match key {
-                        "type" => &mut fields.kind,
-                        "role" => &mut fields.role,
-                        "content" => &mut fields.content,
-                        "id" => &mut fields.id,
-                        "call_id" => &mut fields.call_id,
-                        "name" => &mut fields.name,
-                        "arguments" => &mut fields.arguments,
-                        "input" => &mut fields.input,
-                        "output" => &mut fields.output,
-                        "approval_request_id" => &mut fields.approval_request_id,
-                        _ => return,
-                    };
-                    *slot = Some(value);
-                })?;
-                let Some((first, last)) = ends else {
-                    return Err(serde::de::Error::custom("an item has no members"));
-                };
-                (fields.first, fields.last) = (first, last);
-                Ok(fields)
-            }
-        }
-        deserializer.deserialize_map(ItemVisitor(std::marker::PhantomData))
+        deserialize_raw_object(deserializer)
+    }
+}
+
+impl<'a> RawObject<'a> for ItemFields<'a> {
+    const EXPECTING: &'static str = "an input item object";
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
+        Some(match key {
+            "type" => &mut self.kind,
+            "role" => &mut self.role,
+            "content" => &mut self.content,
+            "id" => &mut self.id,
+            "call_id" => &mut self.call_id,
+            "name" => &mut self.name,
+            "arguments" => &mut self.arguments,
+            "input" => &mut self.input,
+            "output" => &mut self.output,
+            "approval_request_id" => &mut self.approval_request_id,
+            _ => return None,
+        })
+    }
+
+    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
+        let (first, last) = ends.ok_or_else(|| E::custom("an item has no members"))?;
+        (self.first, self.last) = (first, last);
+        Ok(self)
     }
 }
 

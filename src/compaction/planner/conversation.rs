@@ -65,6 +65,45 @@ impl Role {
     }
 }
 
+/// An object a front-end reads in the body's one serde pass: the members planning reads, each
+/// a raw slice of the body, and where the object's braces are.
+pub(in crate::compaction) trait RawObject<'a>: Default {
+    /// What serde says it expected when the value is not an object.
+    const EXPECTING: &'static str;
+    /// Where a member's raw value goes, when planning reads it.
+    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>>;
+    /// The object read; `ends` are its first and last members' values (None: no members),
+    /// which locate its braces ([`object_span`]).
+    fn finish<E: serde::de::Error>(self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E>;
+}
+
+/// Deserializes a [`RawObject`]: every front-end's `Deserialize` for its fields.
+pub(in crate::compaction) fn deserialize_raw_object<'de, T, D>(
+    deserializer: D,
+) -> Result<T, D::Error>
+where
+    T: RawObject<'de>,
+    D: serde::Deserializer<'de>,
+{
+    struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+    impl<'de, T: RawObject<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(T::EXPECTING)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+            let mut fields = T::default();
+            let ends = raw_members(&mut map, |key, value| {
+                if let Some(slot) = fields.slot(key) {
+                    *slot = Some(value);
+                }
+            })?;
+            fields.finish(ends)
+        }
+    }
+    deserializer.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+}
+
 /// Reads one JSON object's members with every value taken raw (a slice of the body, unknown
 /// members too), handing each key and value to `member`; returns the first and the last value,
 /// which locate the object's braces ([`object_span`]). None for an empty object.
