@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::ops::Range;
 
-use super::{FrontEnd, Parsed};
+use super::{FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     deserialize_raw_object, object_span, offset_in, string_value, Conversation, Json, Message,
@@ -172,11 +172,6 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.max_tokens.unwrap_or(0),
         &Messages,
     )))
-}
-
-enum Unplannable {
-    LeaveAlone(Reason),
-    Bad(String),
 }
 
 /// One message read on its own (a copy made by a stage), as [`parse`] reads each message.

@@ -29,6 +29,13 @@ pub enum Parsed<'a> {
     LeaveAlone(Reason),
 }
 
+/// Why one message or item of a body cannot be planned: the body is left alone for a reason,
+/// or it is not what its API accepts.
+enum Unplannable {
+    LeaveAlone(Reason),
+    Bad(String),
+}
+
 pub trait FrontEnd: Dialect {
     /// The path it serves under the API prefix (`POST` only).
     fn path(&self) -> &'static str;

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::ops::Range;
 
-use super::{FrontEnd, Parsed};
+use super::{FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     deserialize_raw_object, object_span, offset_in, string_value, Conversation, Message,
@@ -206,11 +206,6 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.max_output_tokens.unwrap_or(0),
         &Responses,
     )))
-}
-
-enum Unplannable {
-    LeaveAlone(Reason),
-    Bad(String),
 }
 
 /// One item read on its own (a copy made by a stage), as [`parse`] reads each item.
