@@ -100,6 +100,18 @@ impl LoggedBody {
 }
 
 fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'static str) {
+    // Health and readiness probes arrive every few seconds from every orchestrator: answered
+    // well, they would drown the lines an operator reads, so they log at debug (as nginx
+    // users turn `access_log off` for them). A refused probe still logs at info.
+    if log.route == Route::Local && log.status < 400 {
+        tracing::debug!(
+            target: "compactor::access",
+            method = %log.method, path = log.uri.path(), status = log.status,
+            duration_ms = elapsed.as_secs_f64() * 1000.0, bytes_out, end,
+            "request"
+        );
+        return;
+    }
     if !tracing::enabled!(target: "compactor::access", tracing::Level::INFO) {
         return;
     }

@@ -146,9 +146,11 @@ fn run_shared(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>) 
         ));
         let terminated = server::shutdown_signal();
         let slots = start_up(&app, listener.local_addr().ok(), 1);
+        let grace = app.config().shutdown_grace_secs;
         let shutdown = async {
             terminated.await;
             let _ = stop.send(true);
+            say_shutting_down(grace);
         };
         server::serve_on(listener, app, shutdown, slots).await;
         let _ = operator.await;
@@ -233,6 +235,7 @@ fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>
         let operator = tokio::spawn(operator);
         terminated.await;
         let _ = stop.send(true);
+        say_shutting_down(app.config().shutdown_grace_secs);
         let _ = operator.await;
     });
     let mut code = ExitCode::SUCCESS;
@@ -248,6 +251,14 @@ fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>
         }
     }
     code
+}
+
+/// Said once for the whole process, whatever the number of workers draining.
+fn say_shutting_down(grace_secs: f64) {
+    tracing::info!(
+        "shutting down: waiting up to {:?} for in-flight requests",
+        std::time::Duration::from_secs_f64(grace_secs)
+    );
 }
 
 /// Start-up shared by both modes: warnings, the descriptor limit, the connection cap, and the

@@ -144,11 +144,11 @@ pub async fn serve_on(
     drop(listener);
     let _ = stop.send(true);
     tracker.close();
-    tracing::info!("shutting down: waiting up to {grace:?} for in-flight requests");
+    // "shutting down" is said once by the binary, not once per worker here.
     match tokio::time::timeout(grace, tracker.wait()).await {
         Ok(()) => true,
         Err(_) => {
-            tracing::warn!("grace period over; closing the remaining connections");
+            tracing::warn!("grace period over; closing this worker's remaining connections");
             false
         }
     }

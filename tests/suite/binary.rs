@@ -327,7 +327,7 @@ async fn the_log_and_the_metrics_carry_no_secret_and_no_message_content() {
         "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n    api_key: sk-operator-secret\n",
         upstream.base_url()
     ));
-    let (mut child, addr, mut lines) = start(file.path()).await;
+    let (child, addr, lines) = start(file.path()).await;
     let url = format!("http://{addr}/v1/chat/completions");
     let client = client();
     let headers = [("authorization", "Bearer sk-client-secret")];
@@ -345,21 +345,7 @@ async fn the_log_and_the_metrics_carry_no_secret_and_no_message_content() {
     .await
     .text();
     assert!(metrics.contains("compactor_requests_total"));
-    // A clean exit flushes the log; every line is read until stderr closes.
-    let pid = child.id().expect("pid").to_string();
-    let stopped = Command::new("kill").args(["-TERM", &pid]).status().await;
-    assert!(stopped.expect("kill runs").success());
-    let mut log = Vec::new();
-    let read_all = async {
-        while let Some(line) = lines.recv().await {
-            log.push(line);
-        }
-    };
-    tokio::time::timeout(BOUND, read_all)
-        .await
-        .expect("stderr closes once the process exits");
-    let _ = child.wait().await;
-    let log = log.join("\n");
+    let log = terminate_and_read_log(child, lines).await.join("\n");
     assert!(log.contains("request"), "the access log was written: {log}");
     for text in [&log, &metrics] {
         for secret in ["sk-operator-secret", "sk-client-secret", "tangerine-nebula"] {
@@ -488,4 +474,61 @@ async fn the_health_subcommand_answers_for_a_running_proxy_and_fails_without_one
     let down = health(format!("http://{dead}/healthz")).await;
     assert_eq!(down.status.code(), Some(1));
     let _ = child.kill().await;
+}
+
+/// SIGTERM, then every line of stderr until it closes (a clean exit flushes the log).
+async fn terminate_and_read_log(
+    mut child: tokio::process::Child,
+    mut lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> Vec<String> {
+    let pid = child.id().expect("pid").to_string();
+    let stopped = Command::new("kill").args(["-TERM", &pid]).status().await;
+    assert!(stopped.expect("kill runs").success());
+    let mut log = Vec::new();
+    let read_all = async {
+        while let Some(line) = lines.recv().await {
+            log.push(line);
+        }
+    };
+    tokio::time::timeout(BOUND, read_all)
+        .await
+        .expect("stderr closes once the process exits");
+    let _ = child.wait().await;
+    log
+}
+
+#[tokio::test]
+async fn probes_stay_out_of_the_access_log_and_shutdown_is_said_once_for_all_workers() {
+    let upstream = echo_mock().await;
+    let file = write_config(&format!(
+        "listen: 127.0.0.1:0\nruntime:\n  mode: per_core\n  workers: 3\nupstreams:\n  - name: mock\n    base_url: {}\n",
+        upstream.base_url()
+    ));
+    let (child, addr, lines) = start(file.path()).await;
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(get(&format!("http://{addr}{path}")).await.status, 200);
+    }
+    let url = format!("http://{addr}/v1/chat/completions");
+    let response = roundtrip(&client(), json_request(&url, chat_body("hi", false), &[])).await;
+    assert_eq!(response.status, 200);
+    // Forwarded like any path compactor does not read (the echo mock answers it).
+    get(&format!("http://{addr}/v1/nothing-here")).await;
+    let log = terminate_and_read_log(child, lines).await;
+    let access: Vec<&String> = log.iter().filter(|l| l.contains("request")).collect();
+    assert!(
+        access.iter().any(|l| l.contains("/v1/chat/completions")),
+        "a model call is logged: {log:?}"
+    );
+    assert!(
+        access.iter().any(|l| l.contains("/v1/nothing-here")),
+        "a forwarded path is logged: {log:?}"
+    );
+    for probe in ["/healthz", "/readyz", "/metrics"] {
+        assert!(
+            !access.iter().any(|l| l.contains(probe)),
+            "{probe} answered well is not logged at info: {log:?}"
+        );
+    }
+    let said = log.iter().filter(|l| l.contains("shutting down")).count();
+    assert_eq!(said, 1, "said once, not once per worker: {log:?}");
 }

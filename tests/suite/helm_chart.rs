@@ -149,10 +149,15 @@ fn the_chart_renders_a_deployment_with_probes_ports_drain_and_config() {
     // The config is mounted where the container reads it.
     assert_eq!(container["volumeMounts"][0]["mountPath"], "/etc/compactor");
     assert_eq!(pod["volumes"][0]["configMap"]["name"], "prod-compactor");
-    assert!(container["args"]
+    // Chosen through COMPACTOR_CONFIG (what `compactor health` reads too), not --config.
+    assert_eq!(
+        container["env"][0],
+        json!({"name": "COMPACTOR_CONFIG", "value": "/etc/compactor/proxy.yaml"})
+    );
+    assert!(!container["args"]
         .as_array()
         .unwrap()
-        .contains(&json!("/etc/compactor/proxy.yaml")));
+        .contains(&json!("--config")));
 
     // The ConfigMap's proxy.yaml is one compactor accepts, listening where the pod expects.
     let proxy_yaml = objects["ConfigMap"]["data"]["proxy.yaml"].as_str().unwrap();
@@ -239,7 +244,11 @@ fn a_redis_deployed_with_the_chart_is_the_replicas_shared_cache() {
 #[test]
 fn the_compose_file_and_its_config_hold_together() {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
-    let compose = yaml(&read(deploy.join("docker-compose.yaml")));
+    // Compose applies YAML merge keys (`<<: *compactor`); so does this reading.
+    let mut merged: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read(deploy.join("docker-compose.yaml"))).expect("YAML");
+    merged.apply_merge().expect("merge keys resolve");
+    let compose: Value = serde_yaml_ng::from_value(merged).expect("JSON-shaped");
     let services = compose["services"].as_object().expect("services");
     for service in ["mock", "summarizer", "redis", "compactor-1", "compactor-2"] {
         assert!(services.contains_key(service), "{service}");
@@ -256,6 +265,15 @@ fn the_compose_file_and_its_config_hold_together() {
         .iter()
         .map(|(k, v)| (k.clone(), text_of(v)))
         .collect();
+    // The config is chosen through COMPACTOR_CONFIG, which the image's HEALTHCHECK reads too,
+    // and it is the file mounted from compose.proxy.yaml.
+    let mount = shared["volumes"][0].as_str().unwrap();
+    assert_eq!(
+        Some(env["COMPACTOR_CONFIG"].as_str()),
+        mount.split(':').nth(1)
+    );
+    let command = proxy["command"].as_array().cloned().unwrap_or_default();
+    assert!(!command.contains(&json!("--config")), "{command:?}");
     let config = compactor::config::Config::from_yaml_with_env(
         &read(deploy.join("compose.proxy.yaml")),
         &|name| env.get(name).cloned(),
@@ -278,7 +296,23 @@ fn the_compose_file_and_its_config_hold_together() {
             .count(),
         2
     );
-    assert!(dockerfile.lines().any(|l| l.starts_with("USER 10001")));
+    assert!(dockerfile
+        .lines()
+        .any(|l| l.starts_with("USER 10001:10001")));
+    assert!(
+        dockerfile.contains("groupadd --system --gid 10001"),
+        "the user's group has an entry"
+    );
+    // Every binary the image copies is one the release build makes: a plain `cargo build
+    // --bins` builds the root package only, and mock-upstream is a workspace member.
+    let builds: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.contains("cargo build"))
+        .collect();
+    assert!(!builds.is_empty());
+    for build in &builds {
+        assert!(build.contains("--workspace"), "{build}");
+    }
     assert!(
         dockerfile.contains(r#"HEALTHCHECK"#) && dockerfile.contains(r#"["compactor", "health"]"#)
     );
