@@ -186,16 +186,28 @@ impl App {
 
     /// Serves `config` from the next request on. Settings only read at start-up keep their old
     /// values; their keys are returned so the caller can say a restart is needed.
-    pub fn reload(&self, config: Config) -> Result<Vec<&'static str>, UpstreamSetupError> {
+    pub fn reload(&self, config: Config) -> Result<Vec<&'static str>, ReloadRefused> {
         let _one_at_a_time = self
             .shared
             .reloading
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let previous = self.shared.generation.load_full();
+        let auth_removed = previous.config.auth.enabled() && !config.auth.enabled();
+        if auth_removed {
+            // The listener stays the one the process started with (`listen` needs a restart).
+            let open = !previous.config.listens_on_loopback();
+            if open && !config.auth.disabled {
+                return Err(ReloadRefused::AuthRemoved(previous.config.listen.clone()));
+            }
+            tracing::warn!(
+                listen = %previous.config.listen,
+                "configuration reload turns auth off: every client is let in without a key"
+            );
+        }
         let restart = restart_needed(&previous.config, &config);
         let config = Arc::new(config);
-        let upstreams = Arc::new(Upstreams::from_config(&config)?);
+        let upstreams = Arc::new(Upstreams::from_config(&config).map_err(ReloadRefused::Upstream)?);
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let metrics = &self.shared.metrics;
         metrics.set_enabled(config.telemetry.metrics);
@@ -232,6 +244,15 @@ impl App {
         self.shared.metrics.reload(applied);
         applied
     }
+}
+
+/// Why a valid file was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadRefused {
+    #[error(transparent)]
+    Upstream(UpstreamSetupError),
+    #[error("the new file has no auth.keys: it would open {0} to anyone who reaches it, spending every upstream's key; add `auth: {{disabled: true}}` if that is meant")]
+    AuthRemoved(String),
 }
 
 impl Generation {

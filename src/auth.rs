@@ -138,6 +138,7 @@ mod tests {
                     ..ClientKeyConfig::default()
                 },
             ],
+            disabled: false,
         })
     }
 

@@ -42,6 +42,8 @@ pub enum ProxyError {
     UnknownKey,
     #[error("this key may not use model '{0}'")]
     ModelNotAllowed(String),
+    #[error("this key may use only some models, and this request's model cannot be read unambiguously ({0}): send one JSON object with a single string `model`")]
+    ModelUnclear(&'static str),
     #[error("compactor is at capacity ({0}); retry shortly")]
     Overloaded(&'static str),
     #[error("no upstream is configured for model '{0}'")]
@@ -71,6 +73,7 @@ impl ProxyError {
             ProxyError::UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingKey | ProxyError::UnknownKey => StatusCode::UNAUTHORIZED,
             ProxyError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            ProxyError::ModelUnclear(_) => StatusCode::BAD_REQUEST,
             ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoUpstream(_) => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
@@ -94,6 +97,7 @@ impl ProxyError {
             | ProxyError::MissingKey
             | ProxyError::UnknownKey
             | ProxyError::ModelNotAllowed(_)
+            | ProxyError::ModelUnclear(_)
             | ProxyError::NoUpstream(_)
             | ProxyError::ContextTooLarge(_) => Fault::Client,
             ProxyError::Overloaded(_) => Fault::Internal,
@@ -130,6 +134,7 @@ impl ProxyError {
             ProxyError::MissingKey => "missing_api_key",
             ProxyError::UnknownKey => "invalid_api_key",
             ProxyError::ModelNotAllowed(_) => "model_not_allowed",
+            ProxyError::ModelUnclear(_) => "model_unclear",
             ProxyError::Overloaded(_) => "overloaded",
             ProxyError::NoUpstream(_) => "model_not_found",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",

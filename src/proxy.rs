@@ -29,7 +29,7 @@ use crate::error::{ErrorShape, ProxyError};
 use crate::headers::CREDENTIALS;
 use crate::inbound::{read_whole, BufferBudget, GuardedBody, ReadError, Reservation};
 use crate::metrics::Route;
-use crate::routing::{forwarded_path, model_hint, model_of};
+use crate::routing::{body_model, forwarded_path, model_hint, model_of, BodyModel};
 use crate::telemetry;
 use crate::upstream::{Target, Upstream};
 
@@ -124,6 +124,12 @@ async fn proxy(
             headers.remove(name);
         }
     }
+    let query = match query {
+        Some(query) if key.is_some() || upstream.credential().is_some() => {
+            query_without_credentials(&query)
+        }
+        query => query,
+    };
     let uri = upstream
         .url_for(&rest, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
@@ -230,6 +236,9 @@ struct Class {
     family: UpstreamApi,
     /// Whether routing or the key's model list needs the body's model.
     needs_model: bool,
+    /// The key may use some models only: whatever the method or content type, the body is read
+    /// and must name its model unambiguously.
+    restricted: bool,
 }
 
 fn classify(
@@ -244,11 +253,12 @@ fn classify(
         .and_then(Api::for_path);
     log.route = api.map_or(Route::Other, Route::Api);
     let family = UpstreamApi::of_path(rest);
+    let restricted = key.is_some_and(|k| k.restricts_models());
     Class {
         api,
         family,
-        needs_model: current.upstreams.routing_needs_model(family)
-            || key.is_some_and(|k| k.restricts_models()),
+        needs_model: current.upstreams.routing_needs_model(family) || restricted,
+        restricted,
     }
 }
 
@@ -271,7 +281,9 @@ async fn read(
     }
     let compacting = class.api.is_some() && current.generation.compaction.is_some();
     let body = GuardedBody::new(incoming, bounds);
-    if is_json_post(&parts.method, &parts.headers) && (compacting || class.needs_model) {
+    if class.restricted
+        || (is_json_post(&parts.method, &parts.headers) && (compacting || class.needs_model))
+    {
         let (bytes, reservation) = read_whole(body, declared, app.buffer_budget())
             .await
             .map_err(|e| match e {
@@ -296,15 +308,19 @@ fn route<'c>(
 ) -> Result<&'c Upstream, ProxyError> {
     // Skimming the model is a pass over the whole body: only paid for when routing or the
     // key's model list needs it (compaction reads the body on its own terms).
-    let model = match inbound {
-        Inbound::Buffered(bytes) if class.needs_model => model_of(bytes),
+    let model = match (inbound, key) {
+        (Inbound::Buffered(bytes), Some(key)) if class.restricted => {
+            let model = restricted_model(bytes)?;
+            if let Some(model) = &model {
+                if !key.allows_model(model) {
+                    return Err(ProxyError::ModelNotAllowed(model.clone()));
+                }
+            }
+            model
+        }
+        (Inbound::Buffered(bytes), _) if class.needs_model => model_of(bytes),
         _ => None,
     };
-    if let (Some(key), Some(model)) = (key, model.as_deref()) {
-        if !key.allows_model(model) {
-            return Err(ProxyError::ModelNotAllowed(model.to_string()));
-        }
-    }
     if log.metrics.is_some() && log.route.is_generation() {
         let hint = match (&model, inbound) {
             (Some(model), _) => Some(model.as_str()),
@@ -320,6 +336,20 @@ fn route<'c>(
         .ok_or_else(|| ProxyError::NoUpstream(model.clone().unwrap_or_default()))?;
     log.upstream = Some(upstream.label.clone());
     Ok(upstream)
+}
+
+/// For a key limited to some models: the body's model, read as the strictest upstream would.
+/// Only an empty body may name none; anything else a parser could read as another model (a
+/// second `model`, trailing bytes, a byte-order mark, not JSON at all) is refused.
+fn restricted_model(body: &[u8]) -> Result<Option<String>, ProxyError> {
+    match body_model(body) {
+        BodyModel::Named(model) => Ok(Some(model)),
+        BodyModel::Absent if body.iter().all(u8::is_ascii_whitespace) => Ok(None),
+        BodyModel::Absent => Err(ProxyError::ModelUnclear("the body names no model")),
+        BodyModel::Unclear => Err(ProxyError::ModelUnclear(
+            "not one JSON object with at most one string model",
+        )),
+    }
 }
 
 /// The body to send, compacted where it is one compaction reads; and what a retry after a
@@ -466,16 +496,28 @@ fn checked_path(request: &Request<Incoming>) -> Result<String, ProxyError> {
 }
 
 /// `path` with `//` runs collapsed; a `.` or `..` segment, plain or percent-encoded, is an error
-/// rather than something to resolve (no client of an API sends one).
+/// rather than something to resolve (no client of an API sends one). An upstream, or a proxy in
+/// front of it, may decode a path once or twice before resolving it, so the check is made on
+/// every decoding, and a separator that only decoding reveals (`%2f`, `%5c`, `\`) is refused.
 fn normalized_path(path: &str) -> Result<String, ProxyError> {
-    let is_dot = |segment: &str| {
-        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
-        decoded == "." || decoded == ".."
-    };
-    if path.split('/').any(is_dot) {
-        return Err(ProxyError::BadRequest(format!(
-            "path '{path}' has a dot segment"
-        )));
+    let refuse = |why: &str| ProxyError::BadRequest(format!("path '{path}' has {why}"));
+    let is_dot = |segment: &str| segment == "." || segment == "..";
+    let mut decoded = std::borrow::Cow::Borrowed(path);
+    for _ in 0..MAX_PATH_DECODINGS {
+        if decoded.contains('\\') {
+            return Err(refuse("a backslash"));
+        }
+        if decoded.split('/').any(is_dot) {
+            return Err(refuse("a dot segment"));
+        }
+        let next = percent_encoding::percent_decode_str(&decoded).decode_utf8_lossy();
+        if next == decoded {
+            break;
+        }
+        if next.matches('/').count() != decoded.matches('/').count() {
+            return Err(refuse("an encoded separator"));
+        }
+        decoded = std::borrow::Cow::Owned(next.into_owned());
     }
     let mut out = String::with_capacity(path.len());
     for c in path.chars() {
@@ -487,6 +529,29 @@ fn normalized_path(path: &str) -> Result<String, ProxyError> {
         out.push('/');
     }
     Ok(out)
+}
+
+/// Decodings of a path checked for what they reveal: more than any server in a chain applies.
+const MAX_PATH_DECODINGS: usize = 3;
+
+/// Query parameters that carry a credential (Gemini's `key`, many gateways' `api_key`).
+const QUERY_CREDENTIALS: [&str; 5] = ["key", "api_key", "api-key", "apikey", "access_token"];
+
+/// The query without its credential parameters, when the upstream is not to get the client's
+/// credential (a compactor key, or the upstream has a key of its own): a key in the query
+/// string is removed as the credential headers are. None when nothing is left.
+fn query_without_credentials(query: &str) -> Option<String> {
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split('=').next().unwrap_or_default();
+            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            !QUERY_CREDENTIALS
+                .iter()
+                .any(|credential| name.eq_ignore_ascii_case(credential))
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
 }
 
 /// What compactor answers itself: health and readiness, and the metrics unless they have a

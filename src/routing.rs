@@ -80,6 +80,56 @@ pub fn model_of(body: &[u8]) -> Option<String> {
         .and_then(|m| m.model.map(Cow::into_owned))
 }
 
+/// What a body says its model is, read the way the strictest upstream reads it: one JSON
+/// object, nothing before or after it, member names unescaped, `model` at most once and a
+/// string. Anything a parser could read two ways is [`BodyModel::Unclear`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyModel {
+    /// An empty body, or an object without `model`.
+    Absent,
+    Named(String),
+    /// Not one JSON object, `model` more than once, or not a string.
+    Unclear,
+}
+
+pub fn body_model(body: &[u8]) -> BodyModel {
+    struct Members;
+    impl<'de> serde::de::Visitor<'de> for Members {
+        type Value = BodyModel;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<BodyModel, A::Error> {
+            let mut found = BodyModel::Absent;
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if key != "model" {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    continue;
+                }
+                let value: serde_json::Value = map.next_value()?;
+                found = match (found, value) {
+                    (BodyModel::Absent, serde_json::Value::String(model)) => {
+                        BodyModel::Named(model)
+                    }
+                    _ => BodyModel::Unclear,
+                };
+            }
+            Ok(found)
+        }
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return BodyModel::Absent;
+    }
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    match serde::Deserializer::deserialize_map(&mut reader, Members) {
+        Ok(model) if reader.end().is_ok() => model,
+        _ => BodyModel::Unclear,
+    }
+}
+
 /// A cheap guess at the body's `model` for metrics labels: the first `"model"` member with a
 /// plain string value, found without parsing (a key cannot occur inside a string, where its
 /// quotes are escaped; an escaped value is not guessed at).
@@ -97,6 +147,40 @@ pub fn model_hint(body: &[u8]) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_read_two_ways_by_two_parsers_is_unclear() {
+        let named = |m: &str| BodyModel::Named(m.to_string());
+        assert_eq!(
+            body_model(br#"{"model":"cheap-1","n":1}"#),
+            named("cheap-1")
+        );
+        assert_eq!(
+            body_model(br#" {"mod\u0065l":"expensive"} "#),
+            named("expensive")
+        );
+        assert_eq!(body_model(b""), BodyModel::Absent);
+        assert_eq!(body_model(br#"{"messages":[]}"#), BodyModel::Absent);
+        for unclear in [
+            &br#"{"model":"cheap-1","model":"expensive"}"#[..],
+            br#"{"model":"cheap-1","mod\u0065l":"expensive"}"#,
+            b"\xef\xbb\xbf{\"model\":\"cheap-1\"}",
+            br#"{"model":"cheap-1"} {"model":"expensive"}"#,
+            br#"{"model":"cheap-1"}garbage"#,
+            br#"{"model":["expensive"]}"#,
+            br#"{"model":null}"#,
+            br#"[{"model":"cheap-1"}]"#,
+            b"model=expensive",
+            br#"{"model":"cheap-1""#,
+        ] {
+            assert_eq!(
+                body_model(unclear),
+                BodyModel::Unclear,
+                "{}",
+                String::from_utf8_lossy(unclear)
+            );
+        }
+    }
 
     #[test]
     fn prefix_matching_respects_segment_boundaries() {

@@ -502,6 +502,9 @@ pub struct LimitsConfig {
 pub struct AuthConfig {
     /// The keys clients may present (`Authorization: Bearer`, `x-api-key` or `api-key`).
     pub keys: Vec<ClientKeyConfig>,
+    /// Says that no keys is meant: a reload that removes every key from a proxy listening beyond
+    /// loopback is refused unless the new file says this.
+    pub disabled: bool,
 }
 
 impl AuthConfig {

@@ -147,6 +147,9 @@ impl Config {
     }
 
     fn validate_auth(&self, problems: &mut Vec<String>) {
+        if self.auth.disabled && self.auth.enabled() {
+            problems.push("auth.disabled: true, but auth.keys are given: remove one".into());
+        }
         let mut names = std::collections::HashSet::new();
         for (i, key) in self.auth.keys.iter().enumerate() {
             let at = format!("auth.keys[{i}]");
@@ -184,12 +187,19 @@ impl Config {
     }
 
     /// What is valid but unsafe: said by `compactor check` and at start-up.
+    /// Whether `listen` is reachable from this machine only.
+    pub fn listens_on_loopback(&self) -> bool {
+        let host = self.listen.rsplit_once(':').map_or("", |(host, _)| host);
+        host == "localhost"
+            || self
+                .listen
+                .parse::<SocketAddr>()
+                .is_ok_and(|addr| addr.ip().is_loopback())
+    }
+
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
-        let loopback = self
-            .listen
-            .parse::<SocketAddr>()
-            .is_ok_and(|addr| addr.ip().is_loopback());
+        let loopback = self.listens_on_loopback();
         let keyed: Vec<&str> = self
             .upstreams
             .iter()

@@ -233,6 +233,147 @@ async fn without_a_valid_key_the_proxy_answers_401_and_never_spends_the_upstream
 }
 
 #[tokio::test]
+async fn a_model_list_cannot_be_bypassed_by_a_body_compactor_reads_one_way_and_the_upstream_another(
+) {
+    let mock = echo_mock().await;
+    let proxy = proxy(&auth_yaml(&mock)).await;
+    let send = |method: &str, path: &str, content_type: Option<&str>, body: &[u8]| {
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(proxy.url(path))
+            .header("x-api-key", "sk-bob");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let request = request
+            .body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(
+                body,
+            )))
+            .unwrap();
+        async move { roundtrip(&client(), request).await }
+    };
+    let json = Some("application/json");
+    let bypasses: Vec<(&str, &str, Option<&str>, &[u8])> = vec![
+        (
+            "POST",
+            "/v1/chat/completions",
+            json,
+            br#"{"model":"gpt-4o-mini","model":"o3","messages":[]}"#,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json,
+            br#"{"model":"gpt-4o-mini","mod\u0065l":"o3"}"#,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some("text/plain"),
+            br#"{"model":"o3","messages":[]}"#,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            None,
+            br#"{"model":"o3","messages":[]}"#,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some("application/x-www-form-urlencoded"),
+            b"model=o3",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json,
+            b"\xef\xbb\xbf{\"model\":\"gpt-4o-mini\"}",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json,
+            br#"{"model":"gpt-4o-mini"}{"model":"o3"}"#,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json,
+            br#"{"model":["o3"],"messages":[]}"#,
+        ),
+        ("POST", "/v1/chat/completions", json, br#"{"messages":[]}"#),
+        (
+            "PUT",
+            "/v1/chat/completions",
+            json,
+            br#"{"model":"o3","messages":[]}"#,
+        ),
+        (
+            "POST",
+            "/v1/responses",
+            Some("text/plain"),
+            br#"{"model":"o3","input":"hi"}"#,
+        ),
+        (
+            "POST",
+            "/v1/messages",
+            json,
+            br#"{"model":"gpt-4o","model":"claude-opus-4","max_tokens":9,"messages":[]}"#,
+        ),
+        (
+            "POST",
+            "/v1/embeddings",
+            Some("text/plain"),
+            br#"{"model":"o3","input":"hi"}"#,
+        ),
+    ];
+    for (method, path, content_type, body) in bypasses {
+        let before = mock.requests().len();
+        let refused = send(method, path, content_type, body).await;
+        let what = format!(
+            "{method} {path} {content_type:?} {}",
+            String::from_utf8_lossy(body)
+        );
+        assert!(
+            [StatusCode::BAD_REQUEST, StatusCode::FORBIDDEN].contains(&refused.status),
+            "{what}: {} {}",
+            refused.status,
+            refused.text()
+        );
+        assert_eq!(mock.requests().len(), before, "{what} reached the upstream");
+        let code = if path == "/v1/messages" {
+            assert_eq!(
+                refused.json()["type"],
+                "error",
+                "Anthropic's shape on {path}"
+            );
+            refused.json()["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            error_code(&refused)
+        };
+        assert!(!code.is_empty(), "{what}: {}", refused.text());
+    }
+    // What the list allows still goes through, whatever the content type, and a request with
+    // no body (listing models) names no model to refuse.
+    let allowed = send(
+        "POST",
+        "/v1/chat/completions",
+        Some("text/plain"),
+        br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text());
+    assert_eq!(
+        send("GET", "/v1/models", None, b"").await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
 async fn dot_segments_trace_and_duplicate_hosts_are_refused_and_slashes_collapsed() {
     let mock = echo_mock().await;
     let proxy = proxy(&config_for(&mock, "")).await;
@@ -241,6 +382,13 @@ async fn dot_segments_trace_and_duplicate_hosts_are_refused_and_slashes_collapse
         "/v1/%2e%2e/admin",
         "/v1/./models",
         "/v1/%2E/x",
+        // What an upstream that decodes first would resolve to /admin.
+        "/v1/..%2fadmin",
+        "/v1/..%2Fadmin",
+        "/v1/%2e%2e%2fadmin",
+        "/v1/..%5cadmin",
+        "/v1/%252e%252e/admin",
+        "/v1/..%252fadmin",
     ] {
         let answer = raw_exchange(
             &proxy,
@@ -272,6 +420,48 @@ async fn dot_segments_trace_and_duplicate_hosts_are_refused_and_slashes_collapse
         .requests()
         .iter()
         .all(|r| !r.path_and_query.contains("admin")));
+    // An ordinary escape is forwarded as it came.
+    let escaped = raw_exchange(
+        &proxy,
+        b"GET /v1/files/file%20one?limit=2 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(escaped.starts_with("HTTP/1.1 200"), "{escaped}");
+    assert_eq!(
+        mock.last_request().unwrap().path_and_query,
+        "/v1/files/file%20one?limit=2"
+    );
+}
+
+#[tokio::test]
+async fn a_key_in_the_query_string_never_reaches_an_upstream_that_has_its_own() {
+    let mock = echo_mock().await;
+    let proxy = proxy(&auth_yaml(&mock)).await;
+    let url = proxy.url("/v1/models?key=sk-alice&limit=2&API_KEY=sk-alice&access_token=t&after=x");
+    let response = roundtrip(
+        &client(),
+        http::Request::get(url)
+            .header("authorization", "Bearer sk-alice")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(
+        mock.last_request().unwrap().path_and_query,
+        "/v1/models?limit=2&after=x"
+    );
+    let only_a_key = proxy.url("/v1/models?api_key=sk-alice");
+    let response = roundtrip(
+        &client(),
+        http::Request::get(only_a_key)
+            .header("authorization", "Bearer sk-alice")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(mock.last_request().unwrap().path_and_query, "/v1/models");
 }
 
 #[tokio::test]
@@ -564,4 +754,37 @@ async fn an_old_message_with_a_lone_surrogate_is_still_summarized() {
         .unwrap()
         .to_string();
     assert!(prompt.contains("broken \\ud800 text kept"), "{prompt}");
+}
+
+#[test]
+fn a_reload_that_drops_every_key_from_an_open_listener_is_refused_unless_it_says_so() {
+    use compactor::app::App;
+    use compactor::config::Config;
+    let file = |listen: &str, auth: &str| {
+        Config::from_yaml(&format!(
+            "listen: \"{listen}\"\nupstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\n    api_key: sk-operator\n{auth}"
+        ))
+        .expect("a valid file")
+    };
+    let keyed = "auth:\n  keys:\n    - name: team\n      key: sk-team\n";
+    for listen in ["0.0.0.0:8080", "[::]:8080", "10.1.2.3:8080"] {
+        let app = App::new(file(listen, keyed)).expect("starts");
+        let refused = app.reload(file(listen, ""));
+        assert!(
+            refused.is_err_and(|e| e.to_string().contains("auth")),
+            "{listen}"
+        );
+        assert!(app.config().auth.enabled(), "{listen}: the keys stay");
+        let meant = app.reload(file(listen, "auth:\n  disabled: true\n"));
+        assert!(meant.is_ok(), "{listen}");
+        assert!(!app.config().auth.enabled());
+    }
+    // On loopback only this machine can reach it: applied (and logged as a warning).
+    let app = App::new(file("127.0.0.1:8080", keyed)).expect("starts");
+    assert!(app.reload(file("127.0.0.1:8080", "")).is_ok());
+    // Saying both is a contradiction the file check names.
+    let both = Config::from_yaml(&format!(
+        "upstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\n{keyed}  disabled: true\n"
+    ));
+    assert!(both.is_err_and(|e| e.to_string().contains("auth.disabled")));
 }
