@@ -58,6 +58,7 @@ cache:
   backend: redis
   redis:
     url: redis://127.0.0.1:$port
+    signing_key: bench-signing-key-0123456789
 YAML
 done
 unset RUST_LOG

@@ -37,7 +37,7 @@ helm lint "$chart" >/dev/null
 render default
 render optional --set autoscaling.enabled=true --set serviceMonitor.enabled=true \
   --set existingSecret=llm-keys --set nodeSelector.pool=gateway
-render redis --set redis.deploy=true
+render redis --set redis.deploy=true --set secrets.COMPACTOR_CACHE_SIGNING_KEY=golden-render-signing-key
 
 if [ "${1:-}" = --check ]; then
   diff -r deploy/helm/rendered "$out" && echo "deploy/helm/rendered is what helm renders today"

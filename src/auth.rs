@@ -36,6 +36,11 @@ impl ClientKey {
         }
     }
 
+    /// The SHA-256 of the key itself.
+    pub fn digest(&self) -> [u8; 32] {
+        self.digest
+    }
+
     /// Whether this key may use `model`.
     pub fn allows_model(&self, model: &str) -> bool {
         self.every_model || self.models.iter().any(|m| m.matches(model))

@@ -103,6 +103,7 @@ async fn proxy(
     let upstream = route(current, &class, key, &inbound, log)?;
     let caller = Caller {
         key: key.map(|k| k.name.as_str()),
+        key_digest: key.map(ClientKey::digest),
         may_force: key.map_or(current.generation.config.summarization.allow_force, |k| {
             k.allow_force
         }),

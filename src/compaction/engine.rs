@@ -14,13 +14,12 @@ use tracing::Instrument;
 
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
-use crate::compaction::front_ends::chat::{parse_message, summary_message};
 use crate::compaction::front_ends::Api;
 use crate::compaction::offload::{CpuPool, Offloaded};
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::size_bound::provably_under;
 use crate::compaction::planner::tokens::TokenModel;
-use crate::compaction::prepare::{Ask, Job, Next, Planner, Prepared, Reactive};
+use crate::compaction::prepare::{summary_tokens, Ask, Job, Next, Planner, Prepared, Reactive};
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::summaries::budget::SummarizerBudget;
@@ -32,7 +31,7 @@ use crate::compaction::summaries::summarizer::{
 };
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
-use crate::config::{Config, FailMode, NoticeMode, SummarizationConfig};
+use crate::config::{Config, FailMode, NoticeMode};
 use crate::headers;
 use crate::metrics::Metrics;
 use crate::notice::Notice;
@@ -316,7 +315,10 @@ impl CompactionEngine {
         let inner = self.inner.clone();
         let body = body.clone();
         let credentials = match ask.credentials {
-            Credentials::Key(name) => Credentials::Key(name.clone()),
+            Credentials::Key { name, digest } => Credentials::Key {
+                name: name.clone(),
+                digest: *digest,
+            },
             Credentials::Headers(values) => Credentials::Headers(values.clone()),
         };
         let upstream = ask.upstream.to_string();
@@ -684,11 +686,4 @@ fn compacted_message(outcome: &Outcome) -> String {
             outcome.messages_summarized, outcome.tokens_before, outcome.tokens_after
         ),
     }
-}
-
-fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) -> u64 {
-    let json = summary_message(text, config.summary_role);
-    parse_message(&json)
-        .map(|m| m.tokens(model))
-        .unwrap_or(u64::MAX)
 }

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::compaction::front_ends::chat::{parse_message, summary_message};
 use crate::compaction::front_ends::{Api, Parsed};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::clearing::Cleared;
@@ -255,7 +256,7 @@ impl Planner {
             Err(_) => return forward(Outcome::uncounted(Reason::UnparsableBody), None),
         };
         let key = match ask.credentials {
-            Credentials::Key(name) => Some(name.as_str()),
+            Credentials::Key { name, .. } => Some(name.as_str()),
             Credentials::Headers(_) => None,
         };
         let (settings, model_name) = self.settings_for(key);
@@ -285,13 +286,17 @@ impl Planner {
             reason: ask.reactive.map(|_| Reason::Reactive),
         };
         let mut lookup = ScopedLookup::new(self.store.local(), || Scope {
+            deployment: self.store.deployment(),
             tenant: ask.credentials.tenant(),
             fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
         });
         let mode = if ask.force { Mode::Force } else { Mode::Normal };
         let plan = match plan::analyse(&conversation, settings, &token_model, mode, &mut lookup) {
             Analysed::Decided(plan) => *plan,
-            Analysed::Ready(ready) => self.decide_with_store(&ready, &mut lookup).await,
+            Analysed::Ready(ready) => {
+                self.decide_with_store(&ready, &mut lookup, &context.token_model)
+                    .await
+            }
         };
         let ahead = match (&plan.decision, self.config.precompute_at) {
             (Decision::PassThrough { reason }, Some(factor))
@@ -317,10 +322,15 @@ impl Planner {
         &self,
         ready: &Ready<'_, '_>,
         lookup: &mut ScopedLookup<'_>,
+        token_model: &TokenModel,
     ) -> Plan {
         if !self.store.has_shared() {
             return ready.decide(lookup);
         }
+        // What another replica wrote is counted here again rather than believed.
+        let recount = |summary: &mut CachedSummary| {
+            summary.tokens = summary_tokens(&summary.text, &self.config, token_model);
+        };
         let shared_keys = |past: usize| -> Vec<CacheKey> {
             ready
                 .candidates()
@@ -330,7 +340,7 @@ impl Planner {
                 .collect()
         };
         if ready.cached(lookup).is_none() {
-            let fetched = self.store.fetch(&shared_keys(0)).await;
+            let fetched = self.store.fetch(&shared_keys(0), recount).await;
             lookup.add(fetched);
             return ready.decide(lookup);
         }
@@ -342,7 +352,7 @@ impl Planner {
         else {
             return plan;
         };
-        let fetched = self.store.fetch(&shared_keys(previous.cut)).await;
+        let fetched = self.store.fetch(&shared_keys(previous.cut), recount).await;
         if fetched.is_empty() {
             return plan;
         }
@@ -681,4 +691,12 @@ fn truncated_body(truncated: Truncated, base: Outcome, next: Next) -> Prepared {
         notice: false,
         next,
     }
+}
+
+/// Estimated tokens of the summary message that carries `text`.
+pub(super) fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) -> u64 {
+    let json = summary_message(text, config.summary_role);
+    parse_message(&json)
+        .map(|m| m.tokens(model))
+        .unwrap_or(u64::MAX)
 }

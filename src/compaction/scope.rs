@@ -11,14 +11,20 @@ use crate::headers::CREDENTIALS;
 /// Who sent a request, as compaction needs to know.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Caller<'a> {
-    /// The client key's name when auth is on: the tenant of its summaries.
+    /// The client key's name when auth is on: its triggers, and with its digest the tenant of
+    /// its summaries.
     pub key: Option<&'a str>,
+    /// The SHA-256 of the client key itself: two deployments that both name a key `team` are
+    /// still two tenants.
+    pub key_digest: Option<[u8; 32]>,
     /// Whether `x-compactor: force` is honoured for this caller.
     pub may_force: bool,
 }
 
 #[derive(Clone, Copy)]
 pub struct Scope {
+    /// The deployment the summaries are shared within (see `SummaryStore::deployment`).
+    pub deployment: [u8; 32],
     pub tenant: [u8; 32],
     pub fingerprint: [u8; 32],
 }
@@ -26,21 +32,24 @@ pub struct Scope {
 impl Scope {
     /// Seeds the prefix chain: a chain digest is then the cache key of that prefix in this scope.
     pub fn seed(&self) -> Digest {
-        hash_parts([self.tenant.as_slice(), &self.fingerprint])
+        hash_parts([self.deployment.as_slice(), &self.tenant, &self.fingerprint])
     }
 }
 
 /// What identifies a tenant: the client key's name when auth is on, else the credential
 /// headers the client sent (cheap reference-counted copies), hashed only when needed.
 pub enum Credentials {
-    Key(String),
+    Key { name: String, digest: [u8; 32] },
     Headers([Option<HeaderValue>; 3]),
 }
 
 impl Credentials {
     pub fn of(caller: Caller<'_>, headers: &HeaderMap) -> Credentials {
         match caller.key {
-            Some(name) => Credentials::Key(name.to_string()),
+            Some(name) => Credentials::Key {
+                name: name.to_string(),
+                digest: caller.key_digest.unwrap_or_default(),
+            },
             None => Credentials::Headers(CREDENTIALS.map(|name| headers.get(name).cloned())),
         }
     }
@@ -48,7 +57,9 @@ impl Credentials {
     /// A hash of the client's identity: tenants never share summaries.
     pub fn tenant(&self) -> [u8; 32] {
         match self {
-            Credentials::Key(name) => hash_parts([b"key".as_slice(), name.as_bytes()]),
+            Credentials::Key { name, digest } => {
+                hash_parts([b"key".as_slice(), name.as_bytes(), digest])
+            }
             Credentials::Headers(values) => {
                 let values = values
                     .iter()
@@ -85,18 +96,39 @@ mod tests {
     #[test]
     fn scopes_never_share_keys() {
         let a = Scope {
+            deployment: [0; 32],
             tenant: [1; 32],
             fingerprint: [9; 32],
         };
         let b = Scope {
             tenant: [2; 32],
-            fingerprint: [9; 32],
+            ..a
         };
         let c = Scope {
-            tenant: [1; 32],
             fingerprint: [8; 32],
+            ..a
+        };
+        let d = Scope {
+            deployment: [7; 32],
+            ..a
         };
         assert_ne!(a.seed(), b.seed());
         assert_ne!(a.seed(), c.seed());
+        assert_ne!(a.seed(), d.seed());
+    }
+
+    #[test]
+    fn two_keys_of_one_name_are_two_tenants() {
+        let headers = HeaderMap::new();
+        let tenant = |digest: [u8; 32]| {
+            let caller = Caller {
+                key: Some("team"),
+                key_digest: Some(digest),
+                may_force: false,
+            };
+            Credentials::of(caller, &headers).tenant()
+        };
+        assert_ne!(tenant([1; 32]), tenant([2; 32]));
+        assert_eq!(tenant([1; 32]), tenant([1; 32]));
     }
 }

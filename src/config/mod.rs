@@ -459,6 +459,11 @@ pub struct RedisConfig {
     pub username: Option<String>,
     /// Overrides the URL's password.
     pub password: Option<Secret>,
+    /// The secret the replicas share (use `${VAR}`; 16 bytes or more): every summary written
+    /// to Redis is authenticated with it, and one that does not verify is a miss. Required with
+    /// `backend: redis`, since whoever can write to Redis could otherwise put words into every
+    /// conversation. Deployments with different keys never read each other's summaries.
+    pub signing_key: Option<Secret>,
     /// Prepended to every key compactor writes.
     pub key_prefix: String,
     /// How long a summary stays in Redis.
@@ -694,6 +699,7 @@ impl Default for RedisConfig {
             url: None,
             username: None,
             password: None,
+            signing_key: None,
             key_prefix: "compactor:".into(),
             ttl_secs: 86_400.0,
             connect_timeout_secs: 1.0,

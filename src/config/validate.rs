@@ -300,6 +300,9 @@ impl Config {
     }
 }
 
+/// A signing key shorter than this could be guessed.
+const MIN_SIGNING_KEY_BYTES: usize = 16;
+
 impl Config {
     fn validate_redis(&self, problems: &mut Vec<String>) {
         let redis = &self.cache.redis;
@@ -311,6 +314,15 @@ impl Config {
                 Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => {
                     problems.push("cache.redis.url: must start with redis:// or rediss://".into())
                 }
+                Some(_) => {}
+            }
+            match redis.signing_key.as_ref().map(|key| key.expose().len()) {
+                None | Some(0) => problems.push(
+                    "cache.redis.signing_key: required with cache.backend: redis (a secret the replicas share, e.g. ${COMPACTOR_CACHE_SIGNING_KEY} set to `openssl rand -hex 32`): summaries in Redis are authenticated with it".into(),
+                ),
+                Some(len) if len < MIN_SIGNING_KEY_BYTES => problems.push(format!(
+                    "cache.redis.signing_key: {len} bytes is too short to authenticate with; use {MIN_SIGNING_KEY_BYTES} or more"
+                )),
                 Some(_) => {}
             }
         }

@@ -228,7 +228,12 @@ fn a_redis_deployed_with_the_chart_is_the_replicas_shared_cache() {
         "proxy"
     );
     let proxy_yaml = objects["ConfigMap"]["data"]["proxy.yaml"].as_str().unwrap();
-    let config = compactor::config::Config::from_yaml_with_env(proxy_yaml, &|_| None)
+    let secret = objects["Secret"]["stringData"]["COMPACTOR_CACHE_SIGNING_KEY"]
+        .as_str()
+        .expect("the signing key is in the chart's Secret")
+        .to_string();
+    let env = |name: &str| (name == "COMPACTOR_CACHE_SIGNING_KEY").then(|| secret.clone());
+    let config = compactor::config::Config::from_yaml_with_env(proxy_yaml, &env)
         .unwrap_or_else(|e| panic!("the chart's config is refused: {e}\n{proxy_yaml}"));
     assert_eq!(config.cache.backend, compactor::config::CacheBackend::Redis);
     assert_eq!(

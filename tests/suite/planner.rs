@@ -8,7 +8,7 @@ use compactor::compaction::planner::plan::{
 };
 use compactor::compaction::planner::rewrite::rewrite;
 use compactor::compaction::planner::skills::SkillRescue;
-use compactor::compaction::planner::structure::{validate, Layout};
+use compactor::compaction::planner::structure::{validate, Layout, Split};
 use compactor::compaction::planner::tokens::TokenModel;
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::compaction::Reason;
@@ -617,6 +617,79 @@ fn other_fields_keep_their_bytes_and_order() {
     .unwrap();
     assert!(out.starts_with(r#"{"model":"gpt-4o-mini","temperature":0.30,"messages":["#));
     assert!(out.ends_with(r#"{"role":"assistant","content":"b"},{"role":"user","content":"c"}],"tools":null,"zeta":{"k":"v"}}"#));
+}
+
+#[test]
+fn a_cached_entry_that_names_a_message_twice_or_out_of_order_is_not_used() {
+    let mut messages = vec![system("sys")];
+    for i in 0..10 {
+        messages.push(user(&format!("q{i}")));
+        messages.push(assistant(&format!("a{i}")));
+    }
+    messages.push(user("latest"));
+    let settings = settings(
+        vec![ContextSize::Messages(20)],
+        ContextSize::Messages(6),
+        Some(0.75),
+    );
+    let text = body(&messages);
+    let first = run(&text, &settings);
+    let (layout, _) = summarize_layout(&first);
+    let chain = first.chain().unwrap().to_vec();
+    struct One(Digest, CachedSummary);
+    impl SummaryLookup for One {
+        fn chain_seed(&mut self) -> Digest {
+            [0; 32]
+        }
+        fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
+            (prefix == &self.0).then(|| self.1.clone())
+        }
+    }
+    let honest = CachedSummary {
+        cut: layout.cut,
+        excluded: layout.excluded.clone(),
+        splits: layout.splits.clone(),
+        text: "S".into(),
+        tokens: 20,
+    };
+    let reused = |cached: CachedSummary| {
+        let conversation = chat::parse(text.as_bytes()).unwrap();
+        let mut lookup = One(chain[cached.cut], cached);
+        let plan = plan(
+            &conversation,
+            &settings,
+            &TokenModel::default(),
+            false,
+            &mut lookup,
+        );
+        matches!(plan.decision, Decision::Reuse { .. })
+    };
+    assert!(reused(honest.clone()), "the entry as made is used");
+    for excluded in [vec![1; 50_000], vec![3, 1], vec![2, 2]] {
+        let amplified = CachedSummary {
+            excluded: excluded.clone(),
+            ..honest.clone()
+        };
+        assert!(!reused(amplified), "excluded {:?}…", &excluded[..2]);
+    }
+    let split_outside = CachedSummary {
+        excluded: vec![1],
+        splits: vec![Split {
+            message: 2,
+            calls: vec![0],
+        }],
+        ..honest.clone()
+    };
+    assert!(!reused(split_outside), "a split of a message not kept back");
+    let repeated_calls = CachedSummary {
+        excluded: vec![1],
+        splits: vec![Split {
+            message: 1,
+            calls: vec![0; 1000],
+        }],
+        ..honest
+    };
+    assert!(!reused(repeated_calls), "one call named a thousand times");
 }
 
 #[test]

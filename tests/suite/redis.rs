@@ -94,8 +94,18 @@ struct Replica {
 
 impl Replica {
     async fn start(upstreams: &Upstreams, redis: &RedisServer) -> Replica {
+        Replica::start_with(upstreams, redis, "a-signing-key-for-tests", "").await
+    }
+
+    /// A replica of the deployment that `signing_key` names, with `auth` (YAML) appended.
+    async fn start_with(
+        upstreams: &Upstreams,
+        redis: &RedisServer,
+        signing_key: &str,
+        auth: &str,
+    ) -> Replica {
         let config = write_config(&format!(
-            "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 200}}]\n  keep: {{type: messages, value: 2}}\n  max_calls_per_minute_per_tenant: 1000\ncache:\n  backend: redis\n  redis:\n    url: {}\n    key_prefix: \"test:\"\n    lease_secs: 1\n    command_timeout_secs: 0.5\n    connect_timeout_secs: 0.5\n    breaker_failures: 2\n    breaker_cooldown_secs: 0.05\n",
+            "{auth}listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 200}}]\n  keep: {{type: messages, value: 2}}\n  max_calls_per_minute_per_tenant: 1000\ncache:\n  backend: redis\n  redis:\n    url: {}\n    signing_key: {signing_key}\n    key_prefix: \"test:\"\n    lease_secs: 1\n    command_timeout_secs: 0.5\n    connect_timeout_secs: 0.5\n    breaker_failures: 2\n    breaker_cooldown_secs: 0.05\n",
             upstreams.upstream.base_url(),
             upstreams.summarizer.base_url(),
             redis.url()
@@ -389,4 +399,104 @@ async fn a_corrupt_or_foreign_value_is_a_miss_and_never_forwarded() {
     let text = String::from_utf8_lossy(&forwarded);
     assert!(!text.contains("FOREIGN-VALUE") && !text.contains("not a number"));
     assert!(text.contains("Here is a summary of the conversation to date"));
+}
+
+#[tokio::test]
+async fn an_entry_nobody_signed_is_a_miss_however_it_was_crafted() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let (a, b) = (
+        Replica::start(&upstreams, &redis).await,
+        Replica::start(&upstreams, &redis).await,
+    );
+    let mut messages = conversation("crafted", 6);
+    assert_eq!(outcome(&a.chat(&messages, "tenant").await), "summarized");
+    let mut connection = redis.connection().await.expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("test:s:*")
+        .query_async(&mut connection)
+        .await
+        .expect("keys");
+    assert!(!keys.is_empty(), "the summary went to redis");
+    for (i, key) in keys.iter().enumerate() {
+        let stored: Vec<u8> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .expect("get");
+        // format byte, 32-byte tag, then the JSON the replica wrote.
+        let (head, json) = stored.split_at(33);
+        let mut entry: Value = serde_json::from_slice(json).expect("the stored JSON");
+        entry["excluded"] = json!(vec![1; 50_000]);
+        entry["tokens"] = json!(0);
+        entry["text"] = json!("CRAFTED-SUMMARY");
+        let crafted = serde_json::to_vec(&entry).unwrap();
+        let value = match i % 3 {
+            // The format before signing existed.
+            0 => [b"\x01".as_slice(), &crafted].concat(),
+            // The replica's own tag over other bytes.
+            1 => [head, &crafted].concat(),
+            // No tag at all.
+            _ => [b"\x02".as_slice(), &crafted].concat(),
+        };
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query_async(&mut connection)
+            .await
+            .expect("set");
+    }
+    messages.push(json!({"role": "assistant", "content": "done"}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    let original = json!({"model": "gpt-4o-mini", "messages": &messages}).to_string();
+    let second = b.chat(&messages, "tenant").await;
+    assert_eq!(second.status, 200);
+    assert_eq!(outcome(&second), "summarized", "made again, not read");
+    let forwarded = upstreams.upstream.last_request().unwrap().body;
+    assert!(
+        forwarded.len() < original.len(),
+        "forwarded {} bytes for an original of {}",
+        forwarded.len(),
+        original.len()
+    );
+    assert!(!String::from_utf8_lossy(&forwarded).contains("CRAFTED-SUMMARY"));
+}
+
+#[tokio::test]
+async fn a_key_of_the_same_name_in_another_deployment_is_another_tenant() {
+    let redis = RedisServer::start().await;
+    let upstreams = upstreams().await;
+    let team = |key: &str| format!("auth:\n  keys:\n    - name: team\n      key: {key}\n");
+    let deployment = "one-deployment-signing-key";
+    let here = Replica::start_with(&upstreams, &redis, deployment, &team("sk-here")).await;
+    let here_too = Replica::start_with(&upstreams, &redis, deployment, &team("sk-here")).await;
+    let there = Replica::start_with(&upstreams, &redis, deployment, &team("sk-there")).await;
+    let elsewhere = Replica::start_with(
+        &upstreams,
+        &redis,
+        "another-deployment-key",
+        &team("sk-here"),
+    )
+    .await;
+    let messages = conversation("same words", 6);
+    assert_eq!(
+        outcome(&here.chat(&messages, "sk-here").await),
+        "summarized"
+    );
+    // The same key in the same deployment shares, as before.
+    assert_eq!(
+        outcome(&here_too.chat(&messages, "sk-here").await),
+        "reused"
+    );
+    // A key of the same name but another value, or the same key in another deployment, never
+    // learns that someone sent this conversation.
+    assert_eq!(
+        outcome(&there.chat(&messages, "sk-there").await),
+        "summarized"
+    );
+    assert_eq!(
+        outcome(&elsewhere.chat(&messages, "sk-here").await),
+        "summarized"
+    );
+    assert_eq!(upstreams.summarizer.chat_calls(), 3);
 }

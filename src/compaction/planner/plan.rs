@@ -734,14 +734,26 @@ impl Analysis {
         }
     }
 
+    /// Whether a cached summary fits this request: its cut a valid one, and each message it
+    /// keeps back named once, in order, inside the summarized range (an entry that named one
+    /// message many times would have it copied as often into the forwarded body).
     fn usable(&self, cached: &CachedSummary) -> bool {
+        let increasing = |indices: &[usize]| indices.windows(2).all(|pair| pair[0] < pair[1]);
         cached.cut > self.head
             && cached.cut <= self.max_cut
             && self.valid_cut[cached.cut]
+            && increasing(&cached.excluded)
             && cached
                 .excluded
                 .iter()
                 .all(|&i| i >= self.head && i < cached.cut)
+            && cached
+                .splits
+                .windows(2)
+                .all(|pair| pair[0].message < pair[1].message)
+            && cached.splits.iter().all(|split| {
+                cached.excluded.binary_search(&split.message).is_ok() && increasing(&split.calls)
+            })
     }
 
     /// (tokens, messages) of `[pinned, summary, excluded…, messages[cut..]]`.

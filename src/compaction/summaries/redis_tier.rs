@@ -5,9 +5,11 @@
 //! Keys are the same content-addressed digests as in process (scoped by tenant and summarizer
 //! fingerprint), so replicas agree on names without talking to each other:
 //! `{prefix}s:{digest}` a summary, `{prefix}l:{flight}` a replica's lease on the summary it is
-//! making, `{prefix}b:{flight}` a layout whose summary came back not smaller. Values start with
-//! a format byte; anything else under a key (a corrupt or foreign value, an older format) is a
-//! miss, never forwarded.
+//! making, `{prefix}b:{flight}` a layout whose summary came back not smaller. A summary's value
+//! is a format byte, then an HMAC-SHA256 under `signing_key` of the key's name and the JSON,
+//! then the JSON: anything else under a key (a corrupt or foreign value, an older format, a
+//! value written by whoever can write to Redis but does not hold the key, a value moved from
+//! another key) is a miss, never forwarded.
 //!
 //! Redis must never take compactor down: every command is bounded by `command_timeout_secs`,
 //! consecutive failures open a breaker (the local tier serves alone, summaries are made
@@ -28,8 +30,13 @@ use crate::config::RedisConfig;
 use crate::metrics::Metrics;
 
 /// The format byte of a stored summary: bumped whenever the encoding changes, so a replica of
-/// another version reads a miss rather than a misread.
-const FORMAT: u8 = 1;
+/// another version reads a miss rather than a misread. 2: authenticated.
+const FORMAT: u8 = 2;
+
+/// Bytes of the authentication tag after the format byte.
+const TAG_BYTES: usize = 32;
+
+type Mac = hmac::Hmac<sha2::Sha256>;
 
 /// Extends a lease only while this replica still holds it.
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
@@ -71,6 +78,8 @@ struct Tier {
     lease: Duration,
     /// This process, in lease values.
     owner: String,
+    /// What authenticates a stored summary (validated non-empty with `backend: redis`).
+    signing_key: Vec<u8>,
     breaker: Mutex<Breaker>,
     breaker_failures: u64,
     breaker_cooldown: Duration,
@@ -116,6 +125,11 @@ impl RedisTier {
                 ttl: Duration::from_secs_f64(config.ttl_secs),
                 lease: Duration::from_secs_f64(config.lease_secs),
                 owner: owner_id(),
+                signing_key: config
+                    .signing_key
+                    .as_ref()
+                    .map(|key| key.expose().as_bytes().to_vec())
+                    .unwrap_or_default(),
                 breaker: Mutex::default(),
                 breaker_failures: config.breaker_failures,
                 breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_secs),
@@ -129,8 +143,10 @@ impl RedisTier {
     pub fn made_with(&self, config: &RedisConfig) -> bool {
         let url = |c: &RedisConfig| c.url.as_ref().map(|u| u.expose().to_string());
         let password = |c: &RedisConfig| c.password.as_ref().map(|p| p.expose().to_string());
+        let signing = |c: &RedisConfig| c.signing_key.as_ref().map(|k| k.expose().to_string());
         url(&self.config) == url(config)
             && password(&self.config) == password(config)
+            && signing(&self.config) == signing(config)
             && serde_json::to_string(&self.config).ok() == serde_json::to_string(config).ok()
     }
 
@@ -151,23 +167,26 @@ impl RedisTier {
             return Vec::new();
         };
         keys.iter()
-            .zip(values)
-            .filter_map(|(key, value)| decode(&value).map(|summary| (*key, summary)))
+            .zip(names.iter().zip(values))
+            .filter_map(|(key, (name, value))| {
+                self.inner.open(name, &value).map(|summary| (*key, summary))
+            })
             .collect()
     }
 
     /// The summary of one layout (`key`, `flight`), or the mark that its summary is too large.
     pub async fn stored(&self, key: &CacheKey, flight: &CacheKey) -> Stored {
+        let name = self.inner.key("s", key);
         let mut command = redis::cmd("MGET");
-        command
-            .arg(self.inner.key("s", key))
-            .arg(self.inner.key("b", flight));
+        command.arg(&name).arg(self.inner.key("b", flight));
         match self.inner.run(command).await {
             Some(Value::Array(values)) if values.len() == 2 => {
                 if !matches!(values[1], Value::Nil) {
                     return Stored::TooLarge;
                 }
-                decode(&values[0]).map_or(Stored::Nothing, Stored::Summary)
+                self.inner
+                    .open(&name, &values[0])
+                    .map_or(Stored::Nothing, Stored::Summary)
             }
             _ => Stored::Nothing,
         }
@@ -177,12 +196,11 @@ impl RedisTier {
         let Ok(json) = serde_json::to_vec(summary) else {
             return;
         };
-        let mut value = Vec::with_capacity(json.len() + 1);
-        value.push(FORMAT);
-        value.extend_from_slice(&json);
+        let name = self.inner.key("s", key);
+        let value = self.inner.seal(&name, &json);
         let mut command = redis::cmd("SET");
         command
-            .arg(self.inner.key("s", key))
+            .arg(&name)
             .arg(value)
             .arg("PX")
             .arg(millis(self.inner.ttl));
@@ -218,6 +236,14 @@ impl RedisTier {
 }
 
 impl Tier {
+    fn seal(&self, name: &str, json: &[u8]) -> Vec<u8> {
+        seal(&self.signing_key, name, json)
+    }
+
+    fn open(&self, name: &str, value: &Value) -> Option<CachedSummary> {
+        open(&self.signing_key, name, value)
+    }
+
     fn key(&self, kind: &str, digest: &CacheKey) -> String {
         let mut name = String::with_capacity(self.prefix.len() + 2 + 64);
         name.push_str(&self.prefix);
@@ -374,14 +400,41 @@ impl Drop for LeaseGuard {
     }
 }
 
-fn decode(value: &Value) -> Option<CachedSummary> {
+/// The tag of a summary stored under `name`: the name is in it, so a value copied to another
+/// key (another tenant's prefix) does not verify there.
+fn tag(signing_key: &[u8], name: &str, json: &[u8]) -> Mac {
+    use hmac::Mac as _;
+    let mut mac = <Mac as hmac::Mac>::new_from_slice(signing_key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    mac.update(name.as_bytes());
+    mac.update(&[0]);
+    mac.update(json);
+    mac
+}
+
+fn seal(signing_key: &[u8], name: &str, json: &[u8]) -> Vec<u8> {
+    use hmac::Mac as _;
+    let tag = tag(signing_key, name, json).finalize().into_bytes();
+    let mut value = Vec::with_capacity(1 + TAG_BYTES + json.len());
+    value.push(FORMAT);
+    value.extend_from_slice(&tag);
+    value.extend_from_slice(json);
+    value
+}
+
+/// The summary under `name` when its value is one this deployment wrote.
+fn open(signing_key: &[u8], name: &str, value: &Value) -> Option<CachedSummary> {
+    use hmac::Mac as _;
     let Value::BulkString(bytes) = value else {
         return None;
     };
-    let (format, json) = bytes.split_first()?;
-    if *format != FORMAT {
+    let (format, rest) = bytes.split_first()?;
+    if *format != FORMAT || rest.len() < TAG_BYTES {
         return None;
     }
+    let (expected, json) = rest.split_at(TAG_BYTES);
+    // Constant time: a forger learns nothing from how fast a wrong tag is refused.
+    tag(signing_key, name, json).verify_slice(expected).ok()?;
     let summary: CachedSummary = serde_json::from_slice(json).ok()?;
     (summary.cut > 0 && !summary.text.trim().is_empty()).then_some(summary)
 }
@@ -426,25 +479,44 @@ mod tests {
 
     #[test]
     fn stored_values_round_trip_and_anything_else_is_a_miss() {
-        let mut value = vec![FORMAT];
-        value.extend(serde_json::to_vec(&summary()).unwrap());
-        assert_eq!(decode(&Value::BulkString(value.clone())), Some(summary()));
-        value[0] = FORMAT + 1;
-        assert_eq!(decode(&Value::BulkString(value)), None, "another format");
-        assert_eq!(decode(&Value::BulkString(b"\x01not json".to_vec())), None);
-        assert_eq!(decode(&Value::BulkString(Vec::new())), None);
-        assert_eq!(decode(&Value::Nil), None);
-        assert_eq!(decode(&Value::Int(3)), None);
+        let key = b"a key the replicas share";
+        let name = "compactor:s:00ff";
+        let json = serde_json::to_vec(&summary()).unwrap();
+        let value = seal(key, name, &json);
+        let read = |value: Vec<u8>| open(key, name, &Value::BulkString(value));
+        assert_eq!(read(value.clone()), Some(summary()));
+        let mut other_format = value.clone();
+        other_format[0] = FORMAT + 1;
+        assert_eq!(read(other_format), None, "another format");
+        assert_eq!(read(Vec::new()), None);
+        assert_eq!(open(key, name, &Value::Nil), None);
+        assert_eq!(open(key, name, &Value::Int(3)), None);
+        // What anyone who can write to Redis could put there, but not sign.
+        let mut unsigned = vec![FORMAT];
+        unsigned.extend_from_slice(&json);
+        assert_eq!(read(unsigned), None, "no tag");
+        let mut forged = value.clone();
+        let last = forged.len() - 2;
+        forged[last] ^= 1;
+        assert_eq!(read(forged), None, "the JSON changed after signing");
+        assert_eq!(
+            open(
+                b"another deployment's key",
+                name,
+                &Value::BulkString(value.clone())
+            ),
+            None
+        );
+        assert_eq!(
+            open(key, "compactor:s:11ee", &Value::BulkString(value)),
+            None,
+            "moved to another tenant's key"
+        );
         let blank = CachedSummary {
             text: " ".into(),
             ..summary()
         };
-        let mut value = vec![FORMAT];
-        value.extend(serde_json::to_vec(&blank).unwrap());
-        assert_eq!(
-            decode(&Value::BulkString(value)),
-            None,
-            "nothing to forward"
-        );
+        let blank = seal(key, name, &serde_json::to_vec(&blank).unwrap());
+        assert_eq!(read(blank), None, "nothing to forward");
     }
 }

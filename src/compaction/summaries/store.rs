@@ -16,6 +16,7 @@ pub struct SummaryStore {
     local: Arc<SummaryCache>,
     shared: Option<RedisTier>,
     metrics: Arc<Metrics>,
+    deployment: [u8; 32],
 }
 
 /// What the replicas say about one summary layout before this one makes it.
@@ -68,11 +69,29 @@ impl SummaryStore {
                 }
             }
         };
+        // Replicas that share a signing key are one deployment; another deployment on the
+        // same Redis and prefix names its summaries differently even for the same tenant.
+        let deployment = match (&config.cache.backend, &config.cache.redis.signing_key) {
+            (CacheBackend::Redis, Some(key)) => {
+                use sha2::Digest as _;
+                let mut hasher = sha2::Sha256::new();
+                hasher.update(b"compactor deployment\0");
+                hasher.update(key.expose().as_bytes());
+                hasher.finalize().into()
+            }
+            _ => [0; 32],
+        };
         SummaryStore {
             local,
             shared,
             metrics,
+            deployment,
         }
+    }
+
+    /// What scopes every summary key to this deployment.
+    pub fn deployment(&self) -> [u8; 32] {
+        self.deployment
     }
 
     /// The in-process tier: what planning reads without waiting.
@@ -90,14 +109,20 @@ impl SummaryStore {
         self.shared.as_ref().filter(|tier| tier.available())
     }
 
-    /// What the shared tier holds for these prefixes, kept in the local tier too.
-    pub async fn fetch(&self, keys: &[CacheKey]) -> Vec<(CacheKey, CachedSummary)> {
+    /// What the shared tier holds for these prefixes, each `recount`ed, kept in the local tier
+    /// too.
+    pub async fn fetch(
+        &self,
+        keys: &[CacheKey],
+        recount: impl Fn(&mut CachedSummary),
+    ) -> Vec<(CacheKey, CachedSummary)> {
         let Some(tier) = self.shared() else {
             return Vec::new();
         };
-        let found = tier.get_many(keys).await;
+        let mut found = tier.get_many(keys).await;
         self.metrics.remote_lookup(!found.is_empty());
-        for (key, summary) in &found {
+        for (key, summary) in &mut found {
+            recount(summary);
             self.local.insert(*key, Arc::new(summary.clone()));
         }
         found
