@@ -301,6 +301,10 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
             differs(&was.max_connections, &now.max_connections),
         ),
         (
+            "limits.max_connections_per_ip",
+            differs(&was.max_connections_per_ip, &now.max_connections_per_ip),
+        ),
+        (
             "limits.max_buffered_bytes",
             differs(&was.max_buffered_bytes, &now.max_buffered_bytes),
         ),

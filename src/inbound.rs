@@ -19,9 +19,16 @@ use tokio::time::{Instant, Sleep};
 use crate::body::BoxError;
 use crate::config::LimitsConfig;
 
-/// A body that is still arriving this long after the request began must keep up the minimum
-/// average rate.
-const RATE_GRACE: Duration = Duration::from_secs(5);
+/// The address a request's connection comes from, put in the request's extensions by the
+/// listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub std::net::IpAddr);
+
+/// The minimum body rate is measured over this much waiting: a body may be this far behind the
+/// rate at any moment, so a stall this long ends it whatever arrived before (a burst earns no
+/// more than this). Time the consumer spends not reading (the upstream pushing back) is not
+/// waiting and is not counted.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BodyFault {
@@ -73,6 +80,10 @@ pub struct GuardedBody {
     bounds: BodyBounds,
     received: u64,
     started: Instant,
+    /// Waiting the bytes received so far have paid for, at most [`RATE_WINDOW`].
+    credit: Duration,
+    /// Since when the client has kept us waiting, while it does.
+    waiting_since: Option<Instant>,
     /// Armed only while the client makes us wait.
     timer: Option<Pin<Box<Sleep>>>,
     failed: bool,
@@ -85,21 +96,34 @@ impl GuardedBody {
             bounds,
             received: 0,
             started: Instant::now(),
+            credit: RATE_WINDOW,
+            waiting_since: None,
             timer: None,
             failed: false,
         }
     }
 
-    /// When the body is overdue: its whole deadline, or the moment its average rate since the
-    /// grace period would fall under the minimum with no further byte.
-    fn wake_at(&self) -> Instant {
+    /// When the body is overdue: its whole deadline, or the moment the wait since its last
+    /// bytes uses up the credit they and the bytes before them earned.
+    fn wake_at(&self, waiting_since: Instant) -> Instant {
         let whole = self.started + self.bounds.timeout;
         if self.bounds.min_bytes_per_sec == 0 {
             return whole;
         }
-        let earned =
-            Duration::from_secs_f64(self.received as f64 / self.bounds.min_bytes_per_sec as f64);
-        whole.min(self.started + RATE_GRACE + earned)
+        whole.min(waiting_since + self.credit)
+    }
+
+    /// Settles the wait that just ended with `bytes` arriving: the wait is paid from the
+    /// credit, the bytes earn credit at the minimum rate, and the credit never exceeds the window.
+    fn arrived(&mut self, bytes: usize) {
+        if self.bounds.min_bytes_per_sec == 0 {
+            return;
+        }
+        if let Some(since) = self.waiting_since.take() {
+            self.credit = self.credit.saturating_sub(since.elapsed());
+        }
+        let earned = Duration::from_secs_f64(bytes as f64 / self.bounds.min_bytes_per_sec as f64);
+        self.credit = (self.credit + earned).min(RATE_WINDOW);
     }
 
     fn fail(&mut self, fault: BodyFault) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -122,18 +146,21 @@ impl Body for GuardedBody {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    self.received += data.len() as u64;
+                    let length = data.len();
+                    self.received += length as u64;
                     if self.received > self.bounds.max_bytes {
                         let limit = self.bounds.max_bytes;
                         return self.fail(BodyFault::TooLarge(limit));
                     }
+                    self.arrived(length);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => self.fail(BodyFault::Invalid(e.to_string())),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                let wake_at = self.wake_at();
+                let waiting_since = *self.waiting_since.get_or_insert_with(Instant::now);
+                let wake_at = self.wake_at(waiting_since);
                 let timer = self
                     .timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake_at)));
@@ -161,6 +188,9 @@ impl Body for GuardedBody {
         self.inner.size_hint()
     }
 }
+
+/// The most a declared length makes [`read_whole`] allocate (and reserve) before bytes arrive.
+const FIRST_BUFFER_MAX: u64 = 1 << 20;
 
 /// Bytes of request bodies held in memory at once, across every client.
 #[derive(Clone)]
@@ -241,8 +271,9 @@ impl BufferBudget {
     }
 }
 
-/// Reads a body that must be inspected whole, reserving its bytes from `budget` as they arrive
-/// (all at once when the length is declared).
+/// Reads a body that must be inspected whole, reserving its bytes from `budget` as they arrive.
+/// A declared length reserves only the first buffer it sizes: a client that declares a large
+/// body and sends none of it holds no more of the budget than one that declares nothing.
 pub async fn read_whole(
     mut body: GuardedBody,
     declared: Option<u64>,
@@ -250,11 +281,12 @@ pub async fn read_whole(
 ) -> Result<(Bytes, Reservation), ReadError> {
     use http_body_util::BodyExt;
     let mut reservation = budget.begin();
-    if let Some(length) = declared {
-        budget.reserve(&mut reservation, length)?;
+    let first_buffer = declared.unwrap_or(0).min(FIRST_BUFFER_MAX);
+    if first_buffer > 0 {
+        budget.reserve(&mut reservation, first_buffer)?;
     }
-    let mut reserved = declared.unwrap_or(0);
-    let mut chunks = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
+    let mut reserved = first_buffer;
+    let mut chunks = bytes::BytesMut::with_capacity(first_buffer as usize);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| match e.downcast::<BodyFault>() {
             Ok(fault) => ReadError::Fault(*fault),

@@ -27,7 +27,9 @@ use crate::compaction::scope::Caller;
 use crate::config::{UpstreamApi, WebSocketMode};
 use crate::error::{ErrorShape, ProxyError};
 use crate::headers::CREDENTIALS;
-use crate::inbound::{read_whole, BufferBudget, GuardedBody, ReadError, Reservation};
+use crate::inbound::{
+    read_whole, BufferBudget, ClientAddress, GuardedBody, ReadError, Reservation,
+};
 use crate::metrics::Route;
 use crate::routing::{body_model, forwarded_path, model_hint, model_of, BodyModel};
 use crate::telemetry;
@@ -82,6 +84,10 @@ async fn proxy(
         log.route = Route::Local;
         return Ok(response);
     }
+    let client_address = request
+        .extensions()
+        .get::<ClientAddress>()
+        .map(|address| address.0);
     let addressed = match address(&current.generation.config, request, log)? {
         Addressed::Here(response) => return Ok(response),
         Addressed::Upstream(addressed) => addressed,
@@ -107,6 +113,7 @@ async fn proxy(
         may_force: key.map_or(current.generation.config.summarization.allow_force, |k| {
             k.allow_force
         }),
+        address: client_address,
     };
     let compacting = compact(
         current,

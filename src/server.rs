@@ -1,11 +1,12 @@
 //! The listener: HTTP/1.1 and h2c (prior knowledge) on one port, a bound on connections, idle
 //! and slow connections reaped, graceful shutdown.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,12 +17,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::config::Config;
+use crate::inbound::ClientAddress;
 
 /// Installs the process-wide rustls crypto provider (ring); harmless when already installed.
 pub fn install_crypto_provider() {
@@ -53,20 +55,138 @@ struct Serving {
     idle_timeout: Duration,
 }
 
-/// Client connections at once, shared by every worker: past the cap a connection is refused.
+/// Client connections at once, shared by every worker. At the cap, or at a client address's own
+/// cap, the connection that has had nothing in flight for longest is closed to make room (as
+/// nginx reuses idle keep-alive connections): idle sockets never lock out a client with work.
+/// Only when every connection in the way has a request in flight is a new one refused.
 #[derive(Clone)]
 pub struct ConnectionSlots {
-    semaphore: Arc<Semaphore>,
+    registry: Arc<Mutex<Registry>>,
     cap: usize,
+    per_address_cap: usize,
+    /// The clock every connection's activity is measured from, so their idleness compares.
+    base: Instant,
+    /// Sockets being closed lingeringly (they no longer hold a slot, but hold a descriptor).
+    lingering: Arc<Semaphore>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    open: HashMap<u64, OpenConnection>,
+    per_address: HashMap<IpAddr, usize>,
+}
+
+struct OpenConnection {
+    address: IpAddr,
+    activity: Arc<Activity>,
+    evict: Arc<Notify>,
+}
+
+/// One admitted connection's place; given back when the connection ends.
+struct Slot {
+    registry: Arc<Mutex<Registry>>,
+    lingering: Arc<Semaphore>,
+    id: u64,
+    activity: Arc<Activity>,
+    /// Told when the connection is closed to make room for a new one.
+    evicted: Arc<Notify>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.registry).remove(self.id);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Registry {
+    fn remove(&mut self, id: u64) {
+        let Some(gone) = self.open.remove(&id) else {
+            return;
+        };
+        if let Some(count) = self.per_address.get_mut(&gone.address) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_address.remove(&gone.address);
+            }
+        }
+    }
+
+    /// Closes the connection (from `address` only, when given) idle for longest; whether one was.
+    fn evict_idlest(&mut self, address: Option<IpAddr>) -> bool {
+        let idlest = self
+            .open
+            .iter()
+            .filter(|(_, open)| address.is_none_or(|a| open.address == a))
+            .filter(|(_, open)| open.activity.in_flight() == 0)
+            .min_by_key(|(_, open)| open.activity.changed_at())
+            .map(|(id, _)| *id);
+        let Some(id) = idlest else {
+            return false;
+        };
+        if let Some(open) = self.open.get(&id) {
+            open.evict.notify_one();
+        }
+        // Its place is the newcomer's from now: it closes as soon as its task runs.
+        self.remove(id);
+        true
+    }
 }
 
 impl ConnectionSlots {
-    pub fn new(cap: usize) -> ConnectionSlots {
-        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
+    /// `per_address_cap` 0: no cap per client address.
+    pub fn new(cap: usize, per_address_cap: usize) -> ConnectionSlots {
+        let cap = cap.max(1);
+        let per_address_cap = match per_address_cap {
+            0 => cap,
+            n => n.min(cap),
+        };
         ConnectionSlots {
-            semaphore: Arc::new(Semaphore::new(cap)),
+            registry: Arc::default(),
             cap,
+            per_address_cap,
+            base: Instant::now(),
+            lingering: Arc::new(Semaphore::new((cap / 8).max(16))),
         }
+    }
+
+    /// A place for a connection from `address`, making room by closing an idle connection when
+    /// a cap is reached; `None` when every connection in the way is busy.
+    fn admit(&self, address: IpAddr) -> Option<Slot> {
+        let mut registry = lock(&self.registry);
+        let from_address = registry.per_address.get(&address).copied().unwrap_or(0);
+        if from_address >= self.per_address_cap && !registry.evict_idlest(Some(address)) {
+            return None;
+        }
+        if registry.open.len() >= self.cap && !registry.evict_idlest(None) {
+            return None;
+        }
+        let id = registry.next_id;
+        registry.next_id += 1;
+        let activity = Arc::new(Activity::new(self.base));
+        let evicted = Arc::new(Notify::new());
+        registry.open.insert(
+            id,
+            OpenConnection {
+                address,
+                activity: activity.clone(),
+                evict: evicted.clone(),
+            },
+        );
+        *registry.per_address.entry(address).or_insert(0) += 1;
+        Some(Slot {
+            registry: self.registry.clone(),
+            lingering: self.lingering.clone(),
+            id,
+            activity,
+            evicted,
+        })
     }
 }
 
@@ -77,7 +197,8 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
-    let slots = ConnectionSlots::new(app.config().limits.max_connections);
+    let limits = &app.config().limits;
+    let slots = ConnectionSlots::new(limits.max_connections, limits.max_connections_per_ip);
     serve_on(listener, app, shutdown, slots).await
 }
 
@@ -109,10 +230,10 @@ pub async fn serve_on(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => {
                         backoff.reset();
-                        stream
+                        accepted
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -124,15 +245,14 @@ pub async fn serve_on(
                 };
                 // Small writes (SSE frames) must leave at once, not wait for a delayed ACK.
                 let _ = stream.set_nodelay(true);
-                match slots.semaphore.clone().try_acquire_owned() {
-                    Ok(slot) => {
+                match slots.admit(peer.ip().to_canonical()) {
+                    Some(slot) => {
                         let (app, serving, stopping) = (app.clone(), serving.clone(), stopping.clone());
                         tracker.spawn(async move {
-                            serve_connection(stream, app, &serving, stopping).await;
-                            drop(slot);
+                            serve_connection(stream, peer, app, &serving, stopping, slot).await;
                         });
                     }
-                    Err(_) => {
+                    None => {
                         tracker.spawn(refuse_connection(stream, slots.cap));
                     }
                 }
@@ -178,21 +298,34 @@ pub fn bind_reuseport(listen: &str, count: usize) -> std::io::Result<Vec<std::ne
     Ok(listeners)
 }
 
-/// Serves one connection until it ends, is idle too long, or shutdown asks it to finish.
+/// Serves one connection until it ends, is idle too long, is closed to make room for another,
+/// or shutdown asks it to finish.
 async fn serve_connection(
     stream: TcpStream,
+    peer: SocketAddr,
     app: Arc<App>,
     serving: &Serving,
     mut stopping: watch::Receiver<bool>,
+    slot: Slot,
 ) {
-    let activity = Arc::new(Activity::new());
+    let activity = slot.activity.clone();
+    let linger = Arc::new(AtomicBool::new(false));
     let service = {
-        let activity = activity.clone();
-        service_fn(move |request| {
-            let app = app.clone();
+        let (activity, linger) = (activity.clone(), linger.clone());
+        service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            let (app, linger) = (app.clone(), linger.clone());
             let guard = activity.begin();
+            let sends_body = !request.body().is_end_stream();
+            request
+                .extensions_mut()
+                .insert(ClientAddress(peer.ip().to_canonical()));
             async move {
                 let response = crate::proxy::handle(app, request).await?;
+                if sends_body && response.status().as_u16() >= 400 {
+                    // Answered, perhaps before the body was read: closing now would reset the
+                    // connection under a client still writing, and lose the answer.
+                    linger.store(true, Ordering::Release);
+                }
                 Ok::<_, std::convert::Infallible>(response.map(|body| Tracked {
                     body,
                     _guard: guard,
@@ -200,9 +333,14 @@ async fn serve_connection(
             }
         })
     };
+    let io = Lingering {
+        stream: Some(stream),
+        linger,
+        permits: slot.lingering.clone(),
+    };
     let connection = serving
         .builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+        .serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(connection);
     let mut finishing = false;
     loop {
@@ -221,7 +359,122 @@ async fn serve_connection(
                 connection.as_mut().graceful_shutdown();
                 finishing = true;
             }
+            () = slot.evicted.notified(), if !finishing => {
+                if activity.in_flight() == 0 {
+                    return;
+                }
+                // A request began as it was chosen: it finishes, then the connection closes.
+                connection.as_mut().graceful_shutdown();
+                finishing = true;
+            }
         }
+    }
+}
+
+/// The client socket, closed lingeringly when an answer may have left before the request body
+/// was read: the write side is shut first so the answer and a FIN reach the client, then what
+/// it still sends is read and dropped for a bounded time, so closing does not reset the
+/// connection and discard the answer in the client's receive buffer (nginx's lingering close).
+/// Lingering sockets are bounded in number (an eighth of the connection cap); past that a
+/// socket is closed at once, as before.
+struct Lingering {
+    stream: Option<TcpStream>,
+    linger: Arc<AtomicBool>,
+    permits: Arc<Semaphore>,
+}
+
+/// How long a lingering close reads, at most in all and at most waiting for the next bytes
+/// (nginx: `lingering_time` 30 s, `lingering_timeout` 5 s).
+const LINGER_TOTAL: Duration = Duration::from_secs(10);
+const LINGER_QUIET: Duration = Duration::from_secs(2);
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        if !self.linger.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return;
+        };
+        let (Some(stream), Ok(runtime)) =
+            (self.stream.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        runtime.spawn(async move {
+            linger_then_close(stream).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn linger_then_close(mut stream: TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let _ = stream.shutdown().await;
+    let mut sink = vec![0u8; 16 * 1024];
+    let deadline = Instant::now() + LINGER_TOTAL;
+    while let Ok(Ok(read)) = tokio::time::timeout_at(
+        deadline.min(Instant::now() + LINGER_QUIET),
+        stream.read(&mut sink),
+    )
+    .await
+    {
+        if read == 0 {
+            break;
+        }
+    }
+}
+
+impl Lingering {
+    /// Runs `io` on the stream, present until the connection is dropped.
+    fn with_stream<R>(
+        self: Pin<&mut Self>,
+        io: impl FnOnce(Pin<&mut TcpStream>) -> Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        match &mut self.get_mut().stream {
+            Some(stream) => io(Pin::new(stream)),
+            None => Poll::Ready(Err(std::io::ErrorKind::NotConnected.into())),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Lingering {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.with_stream(|stream| stream.poll_read(cx, buf))
+    }
+}
+
+impl tokio::io::AsyncWrite for Lingering {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.with_stream(|stream| stream.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.with_stream(|stream| stream.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.as_ref().is_some_and(|s| s.is_write_vectored())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.with_stream(|stream| stream.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.with_stream(|stream| stream.poll_shutdown(cx))
     }
 }
 
@@ -258,24 +511,34 @@ impl AcceptBackoff {
 struct Activity {
     in_flight: AtomicUsize,
     base: Instant,
-    /// Nanoseconds after `base` of the last request start or end.
+    /// Nanoseconds after `base` of the last request start or end (or of the connection's start).
     changed_at: AtomicU64,
 }
 
 struct ActivityGuard(Arc<Activity>);
 
 impl Activity {
-    fn new() -> Activity {
-        Activity {
+    fn new(base: Instant) -> Activity {
+        let activity = Activity {
             in_flight: AtomicUsize::new(0),
-            base: Instant::now(),
+            base,
             changed_at: AtomicU64::new(0),
-        }
+        };
+        activity.touch();
+        activity
     }
 
     fn touch(&self) {
         let nanos = self.base.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         self.changed_at.store(nanos, Ordering::Release);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    fn changed_at(&self) -> u64 {
+        self.changed_at.load(Ordering::Acquire)
     }
 
     fn begin(self: &Arc<Self>) -> ActivityGuard {
@@ -287,8 +550,8 @@ impl Activity {
     /// Resolves once no request has been in flight for `timeout`.
     async fn idle_for(&self, timeout: Duration) {
         loop {
-            let since = self.base + Duration::from_nanos(self.changed_at.load(Ordering::Acquire));
-            let idle = self.in_flight.load(Ordering::Acquire) == 0;
+            let since = self.base + Duration::from_nanos(self.changed_at());
+            let idle = self.in_flight() == 0;
             if idle && since.elapsed() >= timeout {
                 return;
             }

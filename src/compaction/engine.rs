@@ -314,13 +314,7 @@ impl CompactionEngine {
         }
         let inner = self.inner.clone();
         let body = body.clone();
-        let credentials = match ask.credentials {
-            Credentials::Key { name, digest } => Credentials::Key {
-                name: name.clone(),
-                digest: *digest,
-            },
-            Credentials::Headers(values) => Credentials::Headers(values.clone()),
-        };
+        let credentials = ask.credentials.clone();
         let upstream = ask.upstream.to_string();
         let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
         let runtime = tokio::runtime::Handle::current();
@@ -516,7 +510,7 @@ impl CompactionEngine {
                 job.layout.excluded.clone(),
                 job.layout.splits.clone(),
             ),
-            tenant: job.tenant,
+            accounts: job.accounts.clone(),
             bound,
         };
         let inner = self.inner.clone();
@@ -587,7 +581,7 @@ struct SummaryRun {
     replaced_tokens: u64,
     ahead: bool,
     layout: LayoutKey,
-    tenant: [u8; 32],
+    accounts: Vec<[u8; 32]>,
     bound: Duration,
 }
 
@@ -608,7 +602,7 @@ impl Inner {
         };
         let ticket = self
             .budget
-            .admit(run.tenant, run.chunks.len() as u64, Instant::now())?;
+            .admit(&run.accounts, run.chunks.len() as u64, Instant::now())?;
         let (cut, excluded, splits) = run.layout;
         let made = async {
             let text = self

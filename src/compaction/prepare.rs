@@ -91,7 +91,8 @@ pub(super) struct Job {
     /// The share of the evicted tokens the summarizer sees.
     pub coverage: f64,
     pub key: CacheKey,
-    pub tenant: [u8; 32],
+    /// Whom its summarizer calls are charged to (see `Credentials::accounts`).
+    pub accounts: Vec<[u8; 32]>,
     pub model: String,
     pub upstream: String,
     /// Whether the client's own credential may go to the summarizer upstream: only when it
@@ -257,7 +258,7 @@ impl Planner {
         };
         let key = match ask.credentials {
             Credentials::Key { name, .. } => Some(name.as_str()),
-            Credentials::Headers(_) => None,
+            Credentials::Headers { .. } => None,
         };
         let (settings, model_name) = self.settings_for(key);
         let mut token_model = self.windows.token_model(conversation.model.as_deref());
@@ -279,8 +280,9 @@ impl Planner {
             body,
             settings,
             token_model,
-            client_credentials: matches!(ask.credentials, Credentials::Headers(_))
+            client_credentials: matches!(ask.credentials, Credentials::Headers { .. })
                 && upstream == ask.upstream,
+            credentials: ask.credentials,
             model,
             upstream,
             reason: ask.reactive.map(|_| Reason::Reactive),
@@ -639,7 +641,7 @@ impl Planner {
         Ok(Job {
             // The chain was seeded with this request's scope: its digests are cache keys.
             key: chain[layout.cut],
-            tenant: lookup.scope().tenant,
+            accounts: context.credentials.accounts(lookup.scope().tenant),
             client_credentials: context.client_credentials,
             splice,
             layout: layout.clone(),
@@ -669,6 +671,7 @@ struct Context<'c, 'a> {
     settings: &'c PlanSettings,
     token_model: TokenModel,
     client_credentials: bool,
+    credentials: &'c Credentials,
     model: String,
     upstream: String,
     reason: Option<Reason>,

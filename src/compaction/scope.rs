@@ -2,6 +2,8 @@
 //! of the client's credential) and a summarizer fingerprint (everything that changes what a
 //! summary says).
 
+use std::net::IpAddr;
+
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::compaction::planner::digest::{hash_parts, Digest};
@@ -19,6 +21,8 @@ pub struct Caller<'a> {
     pub key_digest: Option<[u8; 32]>,
     /// Whether `x-compactor: force` is honoured for this caller.
     pub may_force: bool,
+    /// The address the request came from.
+    pub address: Option<IpAddr>,
 }
 
 #[derive(Clone, Copy)]
@@ -38,9 +42,18 @@ impl Scope {
 
 /// What identifies a tenant: the client key's name when auth is on, else the credential
 /// headers the client sent (cheap reference-counted copies), hashed only when needed.
+#[derive(Clone)]
 pub enum Credentials {
-    Key { name: String, digest: [u8; 32] },
-    Headers([Option<HeaderValue>; 3]),
+    Key {
+        name: String,
+        digest: [u8; 32],
+    },
+    /// Auth off: the headers, and the address they came from, since anyone may send any
+    /// headers.
+    Headers {
+        values: [Option<HeaderValue>; 3],
+        address: Option<IpAddr>,
+    },
 }
 
 impl Credentials {
@@ -50,7 +63,29 @@ impl Credentials {
                 name: name.to_string(),
                 digest: caller.key_digest.unwrap_or_default(),
             },
-            None => Credentials::Headers(CREDENTIALS.map(|name| headers.get(name).cloned())),
+            None => Credentials::Headers {
+                values: CREDENTIALS.map(|name| headers.get(name).cloned()),
+                address: caller.address,
+            },
+        }
+    }
+
+    /// Whom summarizer calls are charged to: the tenant; with auth off also the client's
+    /// address, since a client can name itself another tenant by changing a header but cannot
+    /// so easily change where it connects from.
+    pub fn accounts(&self, tenant: [u8; 32]) -> Vec<[u8; 32]> {
+        match self {
+            Credentials::Headers {
+                address: Some(address),
+                ..
+            } => {
+                let canonical = address.to_canonical().to_string();
+                vec![
+                    tenant,
+                    hash_parts([b"address".as_slice(), canonical.as_bytes()]),
+                ]
+            }
+            _ => vec![tenant],
         }
     }
 
@@ -60,7 +95,7 @@ impl Credentials {
             Credentials::Key { name, digest } => {
                 hash_parts([b"key".as_slice(), name.as_bytes(), digest])
             }
-            Credentials::Headers(values) => {
+            Credentials::Headers { values, .. } => {
                 let values = values
                     .iter()
                     .map(|value| value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
@@ -125,6 +160,7 @@ mod tests {
                 key: Some("team"),
                 key_digest: Some(digest),
                 may_force: false,
+                address: None,
             };
             Credentials::of(caller, &headers).tenant()
         };

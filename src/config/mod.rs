@@ -493,11 +493,16 @@ pub struct LimitsConfig {
     pub header_read_timeout_secs: f64,
     /// A request body must arrive whole within this; 408 after.
     pub body_read_timeout_secs: f64,
-    /// After the first 5 seconds a request body must keep arriving at this average rate; 408
-    /// below it.
+    /// A request body must keep arriving at this rate, measured over any 10 seconds of waiting
+    /// (a 10-second stall ends it, whatever arrived before); 408 below it.
     pub min_body_bytes_per_sec: u64,
-    /// Client connections held at once; past it a new connection gets a 503 and is closed.
+    /// Client connections held at once. At the cap the connection idle for longest is closed to
+    /// make room; only when all are busy does a new connection get a 503 and close.
     pub max_connections: usize,
+    /// Client connections from one address at once (0: no cap of its own), under the same rule:
+    /// its own idlest connection makes room, else a 503. Behind a load balancer or a NAT every
+    /// client shares its address: raise it there or set 0.
+    pub max_connections_per_ip: usize,
     /// A connection (HTTP/2 included) with no request in flight for this long is closed.
     pub idle_connection_timeout_secs: f64,
 }
@@ -715,11 +720,12 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             max_request_body_bytes: 32 * 1024 * 1024,
-            max_buffered_bytes: 512 * 1024 * 1024,
+            max_buffered_bytes: 128 * 1024 * 1024,
             header_read_timeout_secs: 15.0,
             body_read_timeout_secs: 120.0,
             min_body_bytes_per_sec: 4096,
             max_connections: 4096,
+            max_connections_per_ip: 1024,
             idle_connection_timeout_secs: 60.0,
         }
     }

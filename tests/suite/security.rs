@@ -99,11 +99,89 @@ async fn a_body_slower_than_the_minimum_rate_gets_408() {
         "limits:\n  min_body_bytes_per_sec: 1000000000\n",
     ))
     .await;
-    // Past the 5-second grace, a gigabyte a second is out of reach: the stall is caught by
-    // the rate rule long before the 120-second deadline.
+    // Once the first window's credit is spent, a gigabyte a second is out of reach: the stall
+    // is caught by the rate rule long before the 120-second deadline.
     let answer = stalled_body(&proxy, "/v1/files", "application/octet-stream").await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("slower than"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_burst_then_a_stall_gets_408_however_much_came_first() {
+    let mock = echo_mock().await;
+    let proxy = proxy(&config_for(
+        &mock,
+        "summarization:\n  enabled: true\nlimits:\n  body_read_timeout_secs: 600\n",
+    ))
+    .await;
+    let mut stream = connect(&proxy).await;
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4000000\r\n\r\n{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"")
+        .await
+        .unwrap();
+    // A megabyte at once is 256 s of the 4 KB/s minimum: averaged since the start, the stall
+    // after it would hold the megabyte until the whole-body deadline.
+    stream.write_all(&vec![b'x'; 1_000_000]).await.unwrap();
+    let answer = read_to_close(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("slower than"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_declared_length_holds_no_more_of_the_budget_than_the_bytes_sent() {
+    let mock = echo_mock().await;
+    let proxy = proxy(&config_for(
+        &mock,
+        "summarization:\n  enabled: true\nlimits:\n  max_buffered_bytes: 3000000\n  body_read_timeout_secs: 30\n",
+    ))
+    .await;
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut holder = connect(&proxy).await;
+        holder
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2900000\r\n\r\n{")
+            .await
+            .unwrap();
+        holders.push(holder);
+    }
+    bodies_being_read(&proxy, 2).await;
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(500_000)}]})
+        .to_string();
+    let response = roundtrip(
+        &client(),
+        json_request(&proxy.url("/v1/chat/completions"), big, &[]),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+}
+
+#[tokio::test]
+async fn a_client_that_writes_its_whole_oversized_body_before_reading_gets_the_413() {
+    let mock = echo_mock().await;
+    let proxy = proxy(&config_for(
+        &mock,
+        "limits:\n  max_request_body_bytes: 1048576\n",
+    ))
+    .await;
+    let body = vec![b'x'; 16_000_000];
+    for _ in 0..5 {
+        let mut stream = connect(&proxy).await;
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        // As urllib and many SDKs do: the whole request first, then the answer.
+        let written = async {
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(&body).await
+        };
+        tokio::time::timeout(BOUND, written)
+            .await
+            .expect("the body is taken within the bound")
+            .expect("the connection stays open while the body is written");
+        let answer = read_to_close(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    }
 }
 
 #[tokio::test]
@@ -143,31 +221,99 @@ async fn buffered_bytes_over_the_global_budget_get_503_with_retry_after() {
     drop(holder);
 }
 
+/// Waits until compactor is reading `bodies` request bodies (the budget counts them).
+async fn bodies_being_read(proxy: &Proxy, bodies: u64) {
+    tokio::time::timeout(BOUND, async {
+        while proxy.app.buffer_budget().held().0 < bodies {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the bodies are being read within the bound");
+}
+
+/// A connection with a request in flight: its headers and the start of a body that never ends.
+async fn busy_connection(proxy: &Proxy, from: std::net::IpAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    let mut stream = socket.connect(proxy.addr).await.expect("connects");
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{")
+        .await
+        .unwrap();
+    stream
+}
+
 #[tokio::test]
-async fn connections_past_the_cap_get_503_and_idle_ones_are_reaped() {
+async fn idle_connections_at_the_cap_make_room_for_a_client_with_work() {
     let mock = echo_mock().await;
-    let proxy = proxy(&config_for(
-        &mock,
-        "limits:\n  max_connections: 3\n  idle_connection_timeout_secs: 2\n  header_read_timeout_secs: 2\n",
-    ))
-    .await;
+    let proxy = proxy(&config_for(&mock, "limits:\n  max_connections: 3\n")).await;
     let mut idle = Vec::new();
     for _ in 0..3 {
         idle.push(connect(&proxy).await);
     }
-    // The three slots are taken once the proxy has accepted them; a fourth is refused.
-    let mut refused = String::new();
-    for _ in 0..50 {
-        refused = raw_exchange(&proxy, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await;
-        if refused.contains("503") {
-            break;
-        }
+    // Every new connection finds the cap reached by connections with nothing in flight: the
+    // one idle for longest is closed for it. The clients keep their own connections open.
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        let client = client();
+        let response = roundtrip(
+            &client,
+            json_request(
+                &proxy.url("/v1/chat/completions"),
+                chat_body("served?", false),
+                &[],
+            ),
+        )
+        .await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+        clients.push(client);
     }
+    for socket in &mut idle {
+        assert_eq!(read_to_close(socket).await, "", "closed without a word");
+    }
+}
+
+#[tokio::test]
+async fn past_the_cap_with_every_connection_busy_a_new_one_gets_503() {
+    let mock = echo_mock().await;
+    let proxy = proxy(&config_for(
+        &mock,
+        "summarization:\n  enabled: true\nlimits:\n  max_connections: 3\n  body_read_timeout_secs: 5\n",
+    ))
+    .await;
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        busy.push(busy_connection(&proxy, [127, 0, 0, 1].into()).await);
+    }
+    bodies_being_read(&proxy, 3).await;
+    let refused = raw_exchange(&proxy, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(refused.contains("overloaded"), "{refused}");
-    for socket in &mut idle {
-        read_to_close(socket).await;
+    // Their requests end (408), their places come free.
+    for socket in &mut busy {
+        assert!(read_to_close(socket).await.starts_with("HTTP/1.1 408"));
     }
+    normal_chat_succeeds(&proxy, &[]).await;
+}
+
+#[tokio::test]
+async fn one_address_at_its_own_cap_never_locks_out_another() {
+    let mock = echo_mock().await;
+    let proxy = proxy(&config_for(
+        &mock,
+        "summarization:\n  enabled: true\nlimits:\n  max_connections: 100\n  max_connections_per_ip: 2\n  body_read_timeout_secs: 5\n",
+    ))
+    .await;
+    let greedy: std::net::IpAddr = [127, 0, 0, 4].into();
+    let _busy = [
+        busy_connection(&proxy, greedy).await,
+        busy_connection(&proxy, greedy).await,
+    ];
+    bodies_being_read(&proxy, 2).await;
+    let mut third = busy_connection(&proxy, greedy).await;
+    let refused = read_to_close(&mut third).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     normal_chat_succeeds(&proxy, &[]).await;
 }
 
@@ -605,9 +751,34 @@ async fn summarizer_calls_per_tenant_are_rate_limited_and_fail_open() {
         14,
         "the original went through"
     );
+    // With auth off anyone may name any tenant: another credential from the same address is
+    // charged to that address too, so it is over the rate as well.
+    let bob = [("authorization", "Bearer sk-bob")];
+    let dodge = send_chat(&stack.proxy, &long_conversation("three"), &bob).await;
+    assert_eq!(outcome(&dodge), "failed");
+    assert_eq!(stack.summarizer.chat_calls(), 2);
+    // The same credential from another address has room.
+    let elsewhere = client_from([127, 0, 0, 2].into());
+    let bob = send_chat_with(&elsewhere, &stack.proxy, &long_conversation("three"), &bob).await;
+    assert_eq!(outcome(&bob), "summarized");
+}
+
+#[tokio::test]
+async fn with_auth_on_the_rate_is_the_keys_wherever_it_connects_from() {
+    let stack = compacting_with(
+        "  upstream: summarizer\n  model_name: summarizer-model\n  trigger: [{type: messages, value: 8}]\n  keep: {type: messages, value: 2}\n  timeout_secs: 10\n  summary_max_tokens: 32\n  max_calls_per_minute_per_tenant: 1\nauth:\n  keys:\n    - name: alice\n      key: sk-alice\n    - name: bob\n      key: sk-bob\n",
+    )
+    .await;
+    let alice = [("authorization", "Bearer sk-alice")];
+    let first = send_chat(&stack.proxy, &long_conversation("one"), &alice).await;
+    assert_eq!(outcome(&first), "summarized");
+    let elsewhere = client_from([127, 0, 0, 3].into());
+    let moved = send_chat_with(&elsewhere, &stack.proxy, &long_conversation("two"), &alice).await;
+    assert_eq!(outcome(&moved), "failed");
+    // A key is a tenant of its own: another key from the same address is not charged for it.
     let bob = send_chat(
         &stack.proxy,
-        &long_conversation("three"),
+        &long_conversation("two"),
         &[("authorization", "Bearer sk-bob")],
     )
     .await;

@@ -51,15 +51,18 @@ struct Breaker {
 pub struct Ticket {
     _global: OwnedSemaphorePermit,
     tenants: Arc<Mutex<HashMap<[u8; 32], TenantState>>>,
-    tenant: [u8; 32],
+    accounts: Vec<[u8; 32]>,
     /// Whether this run is the half-open breaker's probe.
     pub probe: bool,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Some(state) = lock(&self.tenants).get_mut(&self.tenant) {
-            state.running = state.running.saturating_sub(1);
+        let mut tenants = lock(&self.tenants);
+        for account in &self.accounts {
+            if let Some(state) = tenants.get_mut(account) {
+                state.running = state.running.saturating_sub(1);
+            }
         }
     }
 }
@@ -85,8 +88,15 @@ impl SummarizerBudget {
         }
     }
 
-    /// Room for one run of `calls` summarizer calls for `tenant`, or why not.
-    pub fn admit(&self, tenant: [u8; 32], calls: u64, now: Instant) -> Result<Ticket, Refusal> {
+    /// Room for one run of `calls` summarizer calls charged to every one of `accounts` (a
+    /// tenant, and with auth off the client's address), or why not: each account's own caps
+    /// must have room.
+    pub fn admit(
+        &self,
+        accounts: &[[u8; 32]],
+        calls: u64,
+        now: Instant,
+    ) -> Result<Ticket, Refusal> {
         let probe = self.breaker_admits(now)?;
         let refuse = |refusal| {
             if probe {
@@ -98,27 +108,37 @@ impl SummarizerBudget {
             return refuse(Refusal::Budget);
         };
         let mut tenants = lock(&self.tenants);
-        if tenants.len() >= MAX_TRACKED_TENANTS && !tenants.contains_key(&tenant) {
+        if tenants.len() + accounts.len() > MAX_TRACKED_TENANTS
+            && accounts.iter().any(|a| !tenants.contains_key(a))
+        {
             let per_minute = self.per_minute;
             tenants.retain(|_, s| s.running > 0 || s.refill(now, per_minute) < per_minute);
         }
-        let state = tenants.entry(tenant).or_insert(TenantState {
-            running: 0,
-            tokens: self.per_minute,
-            refilled: now,
-        });
-        let tokens = state.refill(now, self.per_minute);
-        if state.running >= self.per_tenant || tokens < calls as f64 {
+        let mut room = true;
+        for account in accounts {
+            let state = tenants.entry(*account).or_insert(TenantState {
+                running: 0,
+                tokens: self.per_minute,
+                refilled: now,
+            });
+            let tokens = state.refill(now, self.per_minute);
+            room &= state.running < self.per_tenant && tokens >= calls as f64;
+        }
+        if !room {
             drop(tenants);
             return refuse(Refusal::Budget);
         }
-        state.tokens -= calls as f64;
-        state.running += 1;
+        for account in accounts {
+            if let Some(state) = tenants.get_mut(account) {
+                state.tokens -= calls as f64;
+                state.running += 1;
+            }
+        }
         drop(tenants);
         Ok(Ticket {
             _global: global,
             tenants: self.tenants.clone(),
-            tenant,
+            accounts: accounts.to_vec(),
             probe,
         })
     }
@@ -189,13 +209,19 @@ mod tests {
     fn caps_at_once_per_tenant_and_globally() {
         let budget = budget(3, 2, 100);
         let now = Instant::now();
-        let a1 = budget.admit([1; 32], 1, now).unwrap();
-        let _a2 = budget.admit([1; 32], 1, now).unwrap();
-        assert_eq!(budget.admit([1; 32], 1, now).err(), Some(Refusal::Budget));
-        let _b1 = budget.admit([2; 32], 1, now).unwrap();
-        assert_eq!(budget.admit([3; 32], 1, now).err(), Some(Refusal::Budget));
+        let a1 = budget.admit(&[[1; 32]], 1, now).unwrap();
+        let _a2 = budget.admit(&[[1; 32]], 1, now).unwrap();
+        assert_eq!(
+            budget.admit(&[[1; 32]], 1, now).err(),
+            Some(Refusal::Budget)
+        );
+        let _b1 = budget.admit(&[[2; 32]], 1, now).unwrap();
+        assert_eq!(
+            budget.admit(&[[3; 32]], 1, now).err(),
+            Some(Refusal::Budget)
+        );
         drop(a1);
-        assert!(budget.admit([1; 32], 1, now).is_ok());
+        assert!(budget.admit(&[[1; 32]], 1, now).is_ok());
     }
 
     #[test]
@@ -203,14 +229,38 @@ mod tests {
         let budget = budget(100, 100, 3);
         let now = Instant::now();
         for _ in 0..3 {
-            drop(budget.admit([1; 32], 1, now).unwrap());
+            drop(budget.admit(&[[1; 32]], 1, now).unwrap());
         }
-        assert_eq!(budget.admit([1; 32], 1, now).err(), Some(Refusal::Budget));
-        assert!(budget.admit([2; 32], 1, now).is_ok());
+        assert_eq!(
+            budget.admit(&[[1; 32]], 1, now).err(),
+            Some(Refusal::Budget)
+        );
+        assert!(budget.admit(&[[2; 32]], 1, now).is_ok());
         let later = now + Duration::from_secs(20);
-        assert!(budget.admit([1; 32], 1, later).is_ok());
-        assert_eq!(budget.admit([1; 32], 1, later).err(), Some(Refusal::Budget));
-        assert_eq!(budget.admit([3; 32], 4, now).err(), Some(Refusal::Budget));
+        assert!(budget.admit(&[[1; 32]], 1, later).is_ok());
+        assert_eq!(
+            budget.admit(&[[1; 32]], 1, later).err(),
+            Some(Refusal::Budget)
+        );
+        assert_eq!(
+            budget.admit(&[[3; 32]], 4, now).err(),
+            Some(Refusal::Budget)
+        );
+    }
+
+    #[test]
+    fn a_run_charged_to_two_accounts_needs_room_in_both() {
+        let budget = budget(100, 1, 100);
+        let now = Instant::now();
+        let (tenant_a, tenant_b, address) = ([1; 32], [2; 32], [9; 32]);
+        let held = budget.admit(&[tenant_a, address], 1, now).unwrap();
+        // Another tenant name from the same address: the address is busy.
+        assert_eq!(
+            budget.admit(&[tenant_b, address], 1, now).err(),
+            Some(Refusal::Budget)
+        );
+        drop(held);
+        assert!(budget.admit(&[tenant_b, address], 1, now).is_ok());
     }
 
     #[test]
@@ -218,22 +268,22 @@ mod tests {
         let budget = budget(100, 100, 100);
         let now = Instant::now();
         for _ in 0..2 {
-            let ticket = budget.admit([1; 32], 1, now).unwrap();
+            let ticket = budget.admit(&[[1; 32]], 1, now).unwrap();
             budget.record(&ticket, false, now);
         }
         assert_eq!(
-            budget.admit([1; 32], 1, now).err(),
+            budget.admit(&[[1; 32]], 1, now).err(),
             Some(Refusal::CircuitOpen)
         );
         let later = now + Duration::from_secs(31);
-        let probe = budget.admit([1; 32], 1, later).unwrap();
+        let probe = budget.admit(&[[1; 32]], 1, later).unwrap();
         assert!(probe.probe);
         // One probe at a time.
         assert_eq!(
-            budget.admit([2; 32], 1, later).err(),
+            budget.admit(&[[2; 32]], 1, later).err(),
             Some(Refusal::CircuitOpen)
         );
         budget.record(&probe, true, later);
-        assert!(!budget.admit([2; 32], 1, later).unwrap().probe);
+        assert!(!budget.admit(&[[2; 32]], 1, later).unwrap().probe);
     }
 }

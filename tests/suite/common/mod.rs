@@ -120,6 +120,14 @@ pub fn client() -> RawClient {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
+/// A client whose connections come from `address` (any of 127.0.0.0/8 reaches a loopback
+/// listener), to be another client address than the tests' usual 127.0.0.1.
+pub fn client_from(address: std::net::IpAddr) -> RawClient {
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(Some(address));
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
 pub fn http2_client() -> RawClient {
     Client::builder(TokioExecutor::new())
         .http2_only(true)
@@ -244,9 +252,18 @@ pub async fn send_chat(
     messages: &[serde_json::Value],
     headers: &[(&str, &str)],
 ) -> Collected {
+    send_chat_with(&client(), proxy, messages, headers).await
+}
+
+pub async fn send_chat_with(
+    client: &RawClient,
+    proxy: &Proxy,
+    messages: &[serde_json::Value],
+    headers: &[(&str, &str)],
+) -> Collected {
     let body = serde_json::json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
     roundtrip(
-        &client(),
+        client,
         json_request(&proxy.url("/v1/chat/completions"), body, headers),
     )
     .await
