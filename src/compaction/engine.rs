@@ -19,7 +19,9 @@ use crate::compaction::offload::{CpuPool, Offloaded};
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::size_bound::provably_under;
 use crate::compaction::planner::tokens::TokenModel;
-use crate::compaction::prepare::{summary_tokens, Ask, Job, Next, Planner, Prepared, Reactive};
+use crate::compaction::prepare::{
+    summary_tokens, Ask, Fallback, Job, Next, Planner, Prepared, Reactive,
+};
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::summaries::budget::SummarizerBudget;
@@ -412,7 +414,7 @@ impl CompactionEngine {
         let summary = if calls > cap {
             Err(CompactionFailure::TooManyCalls { calls, cap })
         } else if self.inner.planner.store.local().known_too_large(&flight) {
-            if job.fallback.is_none() {
+            if job.fallbacks.is_empty() {
                 let outcome = Outcome {
                     outputs_cleared: job.outputs_cleared,
                     ..Outcome::skipped(job.tokens_before, Reason::SummaryKnownTooLarge)
@@ -428,9 +430,14 @@ impl CompactionEngine {
             Ok(summary) => summary,
             Err(failure) => {
                 self.inner.metrics.summary_failed(failure.label());
-                if let Some(truncated) = job.fallback.take() {
-                    tracing::warn!(reason = failure.label(), "no summary, truncated: {failure}");
-                    let outcome = truncated.outcome(Outcome {
+                let fallbacks = std::mem::take(&mut job.fallbacks);
+                if let Some(fallback) = Fallback::choose(fallbacks, job.window) {
+                    tracing::warn!(
+                        reason = failure.label(),
+                        instead = fallback.kind.label(),
+                        "no summary: {failure}"
+                    );
+                    let outcome = fallback.outcome(Outcome {
                         summarizer_ms,
                         cache: cache_use,
                         outputs_cleared: job.outputs_cleared,
@@ -438,7 +445,7 @@ impl CompactionEngine {
                         ..Outcome::skipped(job.tokens_before, Reason::None)
                     });
                     return Ok(Compacted {
-                        body: Bytes::from(truncated.body),
+                        body: Bytes::from(fallback.body),
                         rewritten: true,
                         outcome,
                         notice: None,

@@ -21,6 +21,19 @@ pub enum OutcomeKind {
     Failed,
 }
 
+impl OutcomeKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeKind::Skipped => "skipped",
+            OutcomeKind::Summarized => "summarized",
+            OutcomeKind::Reused => "reused",
+            OutcomeKind::Cleared => "cleared",
+            OutcomeKind::Truncated => "truncated",
+            OutcomeKind::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheUse {
     NotConsulted,
@@ -86,14 +99,7 @@ impl Outcome {
     }
 
     pub fn label(&self) -> &'static str {
-        match self.kind {
-            OutcomeKind::Skipped => "skipped",
-            OutcomeKind::Summarized => "summarized",
-            OutcomeKind::Reused => "reused",
-            OutcomeKind::Cleared => "cleared",
-            OutcomeKind::Truncated => "truncated",
-            OutcomeKind::Failed => "failed",
-        }
+        self.kind.label()
     }
 
     pub fn cache_label(&self) -> &'static str {

@@ -59,22 +59,40 @@ pub(super) struct Next {
     pub ahead: Option<Box<Job>>,
 }
 
-/// The `truncate` stage's body, kept for when no summary can be had.
-pub(super) struct Truncated {
+/// A body that needs no summarizer call: the truncate stage's, the cached summary reused as it
+/// stands, or the request with its old tool outputs cleared. What is forwarded when a summary is
+/// needed and cannot be had.
+pub(super) struct Fallback {
+    pub kind: OutcomeKind,
     pub body: Vec<u8>,
     pub tokens_after: u64,
     pub dropped: usize,
+    pub headroom_unmet: bool,
 }
 
-impl Truncated {
+impl Fallback {
     /// `base` as the outcome of forwarding this body.
     pub fn outcome(&self, base: Outcome) -> Outcome {
         Outcome {
-            kind: OutcomeKind::Truncated,
+            kind: self.kind,
             tokens_after: self.tokens_after,
             messages_dropped: self.dropped,
+            headroom_unmet: self.headroom_unmet,
+            cache: match self.kind {
+                OutcomeKind::Reused => CacheUse::Hit,
+                _ => base.cache,
+            },
             ..base
         }
+    }
+
+    /// The first of `fallbacks` (in order of preference) that fits `window`, else the smallest.
+    pub fn choose(fallbacks: Vec<Fallback>, window: Option<u64>) -> Option<Fallback> {
+        let fits = |f: &Fallback| window.is_none_or(|w| f.tokens_after < w);
+        if fallbacks.iter().any(fits) {
+            return fallbacks.into_iter().find(fits);
+        }
+        fallbacks.into_iter().min_by_key(|f| f.tokens_after)
     }
 }
 
@@ -105,8 +123,10 @@ pub(super) struct Job {
     pub outputs_cleared: usize,
     /// The model's window less the output reserve, when known.
     pub window: Option<u64>,
-    /// With the `truncate` stage: what to forward when the summary cannot be had.
-    pub fallback: Option<Truncated>,
+    /// What to forward when the summary cannot be had, in order of preference (see
+    /// [`Fallback::choose`]): the cached summary it would extend, the request cleared, the
+    /// `truncate` stage's body.
+    pub fallbacks: Vec<Fallback>,
     /// Why this request is compacted, when not for the usual reason.
     pub reason: Option<Reason>,
     /// A summary made ahead of need: what identifies its conversation's base (so one runs per
@@ -507,7 +527,14 @@ impl Planner {
                 );
                 match job {
                     Ok(mut job) => {
-                        job.fallback = self.truncated(context, &plan);
+                        job.fallbacks = [
+                            self.reused_as_it_stands(context, &plan, previous.as_ref()),
+                            self.cleared(context, &plan),
+                            self.truncated(context, &plan),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .collect();
                         Prepared::Summarize(Box::new(job))
                     }
                     Err((kind, reason)) => Prepared::Forward {
@@ -592,16 +619,52 @@ impl Planner {
     }
 
     /// The `truncate` stage's body, when the plan has one.
-    fn truncated(&self, context: &Context<'_, '_>, plan: &Plan) -> Option<Truncated> {
+    fn truncated(&self, context: &Context<'_, '_>, plan: &Plan) -> Option<Fallback> {
         let layout = plan.truncation.as_ref()?;
         let splice = self
             .splice(context.conversation, layout, &plan.cleared)
             .ok()?;
         let dropped = layout.summarized(layout.head, |_| true).len();
-        Some(Truncated {
+        Some(Fallback {
+            kind: OutcomeKind::Truncated,
             body: splice.apply_omission(context.body, dropped, self.config.summary_role),
             tokens_after: layout.projected_tokens,
             dropped,
+            headroom_unmet: false,
+        })
+    }
+
+    /// The cached summary a new one would extend, spliced in as it stands.
+    fn reused_as_it_stands(
+        &self,
+        context: &Context<'_, '_>,
+        plan: &Plan,
+        previous: Option<&CachedSummary>,
+    ) -> Option<Fallback> {
+        let (layout, previous) = (plan.reuse_fallback.as_ref()?, previous?);
+        let splice = self
+            .splice(context.conversation, layout, &plan.cleared)
+            .ok()?;
+        Some(Fallback {
+            kind: OutcomeKind::Reused,
+            body: splice.apply(context.body, &previous.text, self.config.summary_role),
+            tokens_after: layout.projected_tokens,
+            dropped: 0,
+            headroom_unmet: true,
+        })
+    }
+
+    /// The request with the `clear_tool_outputs` stage's copies, when it cleared any.
+    fn cleared(&self, context: &Context<'_, '_>, plan: &Plan) -> Option<Fallback> {
+        if plan.cleared.is_empty() {
+            return None;
+        }
+        Some(Fallback {
+            kind: OutcomeKind::Cleared,
+            body: apply_cleared(context.body, context.conversation, &plan.cleared),
+            tokens_after: plan.tokens_cleared,
+            dropped: 0,
+            headroom_unmet: false,
         })
     }
 
@@ -657,7 +720,7 @@ impl Planner {
             cache_hit: plan.cache_hit,
             outputs_cleared: plan.cleared.iter().map(|(_, c)| c.outputs).sum(),
             window: plan.window,
-            fallback: None,
+            fallbacks: Vec::new(),
             reason: context.reason,
             ahead_base: None,
         })
@@ -687,7 +750,7 @@ fn forward(outcome: Outcome, window: Option<u64>) -> Prepared {
     }
 }
 
-fn truncated_body(truncated: Truncated, base: Outcome, next: Next) -> Prepared {
+fn truncated_body(truncated: Fallback, base: Outcome, next: Next) -> Prepared {
     Prepared::Rewritten {
         outcome: truncated.outcome(base),
         body: truncated.body,
@@ -702,4 +765,39 @@ pub(super) fn summary_tokens(text: &str, config: &SummarizationConfig, model: &T
     parse_message(&json)
         .map(|m| m.tokens(model))
         .unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fallback(kind: OutcomeKind, tokens_after: u64) -> Fallback {
+        Fallback {
+            kind,
+            body: Vec::new(),
+            tokens_after,
+            dropped: 0,
+            headroom_unmet: false,
+        }
+    }
+
+    #[test]
+    fn the_first_fallback_that_fits_is_chosen_else_the_smallest() {
+        let kinds = |window| {
+            let all = vec![
+                fallback(OutcomeKind::Reused, 900),
+                fallback(OutcomeKind::Cleared, 1_200),
+                fallback(OutcomeKind::Truncated, 700),
+            ];
+            Fallback::choose(all, window).map(|f| f.kind)
+        };
+        // The cached summary keeps the most, and fits.
+        assert_eq!(kinds(Some(1_000)), Some(OutcomeKind::Reused));
+        assert_eq!(kinds(None), Some(OutcomeKind::Reused));
+        // Only truncation fits.
+        assert_eq!(kinds(Some(800)), Some(OutcomeKind::Truncated));
+        // Nothing fits: the smallest is the least likely to be refused.
+        assert_eq!(kinds(Some(100)), Some(OutcomeKind::Truncated));
+        assert!(Fallback::choose(Vec::new(), Some(100)).is_none());
+    }
 }

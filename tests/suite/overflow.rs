@@ -426,3 +426,49 @@ async fn truncation_keeps_messages_and_responses_requests_valid_for_their_apis()
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(outcome(&response), "truncated");
 }
+
+#[tokio::test]
+async fn with_the_summarizer_budget_spent_the_cached_summary_still_keeps_the_request_in_its_window()
+{
+    let upstream = mock(MockOptions {
+        mode: MockMode::Echo,
+        window: Some(3_500),
+        ..MockOptions::default()
+    })
+    .await;
+    let summarizer = mock(MockOptions {
+        mode: MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: chat\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 1500}}]\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1\n",
+        upstream.base_url(),
+        summarizer.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    let first = json!({"model": "gpt-4o-mini", "messages": chat_history(10, 400)});
+    let response = post(&proxy, "/v1/chat/completions", &first, &[]).await;
+    assert_eq!(outcome(&response), "summarized");
+
+    // Ten turns later the request is past the trigger again and over the upstream's window as
+    // it stands; the one call a minute is spent, so no new summary can be made.
+    let later = json!({"model": "gpt-4o-mini", "messages": chat_history(20, 400)});
+    assert!(mock_tokens(later.to_string().as_bytes()) > 3_500);
+    let before = upstream.requests().len();
+    let response = post(&proxy, "/v1/chat/completions", &later, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "reused");
+    assert_eq!(summarizer.chat_calls(), 1);
+    let sent = upstream.requests();
+    assert_eq!(sent.len(), before + 1, "forwarded once, and accepted");
+    let forwarded = sent.last().expect("forwarded").json();
+    let messages = forwarded["messages"].as_array().expect("messages");
+    assert!(messages.len() < 42, "{} messages", messages.len());
+    assert!(
+        messages.iter().any(|m| m["content"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("Here is a summary of the conversation to date"))),
+        "the first turn's summary is in it"
+    );
+}

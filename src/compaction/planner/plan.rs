@@ -222,6 +222,9 @@ pub struct Plan {
     /// With the `truncate` stage, when the request (cleared) reaches the window: the layout
     /// that drops the oldest whole groups until it fits, for when no summary can be had.
     pub truncation: Option<Layout>,
+    /// When a new summary is planned on top of a cached one: the layout that reuses the cached
+    /// one as it stands, for when the new one cannot be had (it needs no summarizer call).
+    pub reuse_fallback: Option<Layout>,
     /// The prefixes a cached summary may cover (valid cuts after the pinned head), longest
     /// first, when the cache was consulted.
     pub candidate_cuts: Vec<usize>,
@@ -345,6 +348,7 @@ pub fn analyse<'c, 'a>(
             tokens_cleared: tokens_before,
             window,
             truncation: None,
+            reuse_fallback: None,
             candidate_cuts: Vec::new(),
         }));
     }
@@ -379,6 +383,7 @@ pub fn analyse<'c, 'a>(
             tokens_cleared,
             window,
             truncation,
+            reuse_fallback: None,
             candidate_cuts: Vec::new(),
         }));
     }
@@ -442,6 +447,13 @@ impl Ready<'_, '_> {
         // unanswered call or an orphan result) is never worth a summarizer call.
         let valid = |layout: &Layout| validate_layout(&self.conversation.messages, layout).is_ok();
         let chain = || self.chain.clone();
+        let reuse_fallback = match &choice {
+            Choice::Summarize {
+                previous: Some(previous),
+                ..
+            } => Some(analysis.reuse_layout(previous, true)).filter(|layout| valid(layout)),
+            _ => None,
+        };
         let decision = match choice {
             Choice::PassThrough { reason } => Decision::PassThrough { reason },
             Choice::Reuse { layout, .. } | Choice::Summarize { layout, .. } if !valid(&layout) => {
@@ -478,6 +490,7 @@ impl Ready<'_, '_> {
             tokens_cleared: self.tokens_cleared,
             window: self.window,
             truncation: self.truncation.clone(),
+            reuse_fallback,
         }
     }
 }
@@ -1030,14 +1043,7 @@ impl Analysis {
         mode: Mode,
     ) -> Choice {
         let (tokens, messages) = self.projected(cached.cut, &cached.excluded, cached.tokens);
-        let reuse_layout = |headroom_unmet| Layout {
-            head: self.head,
-            cut: cached.cut,
-            excluded: cached.excluded.clone(),
-            splits: cached.splits.clone(),
-            projected_tokens: tokens,
-            headroom_unmet,
-        };
+        let reuse_layout = |headroom_unmet| self.reuse_layout(&cached, headroom_unmet);
         // Sticky boundary: while the compacted request stays under every trigger, reuse; ahead
         // of need, while it stays under the share of them that starts a new summary.
         let sticky = match mode {
@@ -1085,6 +1091,19 @@ impl Analysis {
             layout,
             to_summarize,
             previous: Some(cached),
+        }
+    }
+
+    /// The layout that reuses `cached` as it stands.
+    fn reuse_layout(&self, cached: &CachedSummary, headroom_unmet: bool) -> Layout {
+        let (tokens, _) = self.projected(cached.cut, &cached.excluded, cached.tokens);
+        Layout {
+            head: self.head,
+            cut: cached.cut,
+            excluded: cached.excluded.clone(),
+            splits: cached.splits.clone(),
+            projected_tokens: tokens,
+            headroom_unmet,
         }
     }
 
