@@ -189,9 +189,6 @@ impl Body for GuardedBody {
     }
 }
 
-/// The most a declared length makes [`read_whole`] allocate (and reserve) before bytes arrive.
-const FIRST_BUFFER_MAX: u64 = 1 << 20;
-
 /// Bytes of request bodies held in memory at once, across every client.
 #[derive(Clone)]
 pub struct BufferBudget {
@@ -221,7 +218,7 @@ pub struct Overloaded;
 
 impl BufferBudget {
     /// Semaphore permits are counted in u32: one permit stands for this many bytes.
-    const UNIT: u64 = 1024;
+    pub const UNIT: u64 = 1024;
 
     pub fn new(max_bytes: u64) -> BufferBudget {
         let units = (max_bytes / Self::UNIT).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
@@ -271,37 +268,49 @@ impl BufferBudget {
     }
 }
 
-/// Reads a body that must be inspected whole, reserving its bytes from `budget` as they arrive.
-/// A declared length reserves only the first buffer it sizes: a client that declares a large
-/// body and sends none of it holds no more of the budget than one that declares nothing.
+/// Reads a body that must be inspected whole, reserving its bytes from `budget` as they arrive:
+/// a client that declares a large body and sends none of it holds none of the budget. The
+/// frames are kept as they came and joined once at the end into one buffer of the exact size,
+/// so what a body holds while it arrives is what it has sent (a growing buffer would hold up to
+/// twice that).
 pub async fn read_whole(
     mut body: GuardedBody,
-    declared: Option<u64>,
     budget: &BufferBudget,
 ) -> Result<(Bytes, Reservation), ReadError> {
     use http_body_util::BodyExt;
     let mut reservation = budget.begin();
-    let first_buffer = declared.unwrap_or(0).min(FIRST_BUFFER_MAX);
-    if first_buffer > 0 {
-        budget.reserve(&mut reservation, first_buffer)?;
-    }
-    let mut reserved = first_buffer;
-    let mut chunks = bytes::BytesMut::with_capacity(first_buffer as usize);
+    let mut frames: Vec<Bytes> = Vec::new();
+    let (mut received, mut reserved) = (0u64, 0u64);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| match e.downcast::<BodyFault>() {
             Ok(fault) => ReadError::Fault(*fault),
             Err(other) => ReadError::Fault(BodyFault::Invalid(other.to_string())),
         })?;
         if let Ok(data) = frame.into_data() {
-            let held = (chunks.len() + data.len()) as u64;
-            if held > reserved {
-                budget.reserve(&mut reservation, held - reserved)?;
-                reserved = held;
+            if data.is_empty() {
+                continue;
             }
-            chunks.extend_from_slice(&data);
+            received += data.len() as u64;
+            if received > reserved {
+                let more = received - reserved;
+                budget.reserve(&mut reservation, more)?;
+                reserved += more.div_ceil(BufferBudget::UNIT) * BufferBudget::UNIT;
+            }
+            frames.push(data);
         }
     }
-    Ok((chunks.freeze(), reservation))
+    let whole = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.swap_remove(0),
+        _ => {
+            let mut joined = bytes::BytesMut::with_capacity(received as usize);
+            for frame in frames.drain(..) {
+                joined.extend_from_slice(&frame);
+            }
+            joined.freeze()
+        }
+    };
+    Ok((whole, reservation))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -292,12 +292,13 @@ async fn read(
     if class.restricted
         || (is_json_post(&parts.method, &parts.headers) && (compacting || class.needs_model))
     {
-        let (bytes, reservation) = read_whole(body, declared, app.buffer_budget())
-            .await
-            .map_err(|e| match e {
-                ReadError::Fault(fault) => ProxyError::from_body_fault(&fault),
-                ReadError::Overloaded(_) => ProxyError::Overloaded("buffered request bytes"),
-            })?;
+        let (bytes, reservation) =
+            read_whole(body, app.buffer_budget())
+                .await
+                .map_err(|e| match e {
+                    ReadError::Fault(fault) => ProxyError::from_body_fault(&fault),
+                    ReadError::Overloaded(_) => ProxyError::Overloaded("buffered request bytes"),
+                })?;
         log.bytes_in = bytes.len() as u64;
         Ok((Inbound::Buffered(bytes), reservation))
     } else {

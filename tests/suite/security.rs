@@ -192,12 +192,13 @@ async fn buffered_bytes_over_the_global_budget_get_503_with_retry_after() {
         "summarization:\n  enabled: true\nlimits:\n  max_buffered_bytes: 200000\n",
     ))
     .await;
-    // Holds a 150 KB reservation while it stalls.
+    // Holds the 150 KB it has sent while it stalls.
     let mut holder = connect(&proxy).await;
     holder
-        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 150000\r\n\r\n{")
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 300000\r\n\r\n{")
         .await
         .unwrap();
+    holder.write_all(&[b' '; 150_000]).await.unwrap();
     // Until the holder's reservation is in place a 100 KB request fits; from then on it cannot.
     let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(100_000)}]})
         .to_string();
