@@ -32,6 +32,7 @@ use crate::compaction::summaries::summarizer::{
     HttpSummarizer, Summarizer, SummaryCall, SummaryError, SummaryRequest,
 };
 use crate::compaction::summaries::summary_input;
+use crate::compaction::summaries::vet::{vet, Unusable};
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
 use crate::config::{Config, FailMode, NoticeMode};
 use crate::headers;
@@ -637,7 +638,12 @@ impl Inner {
             .record(&ticket, !summarizer_failed, Instant::now());
         match &result {
             Ok(summary) => store.keep(key, summary, run.ahead).await,
-            Err(CompactionFailure::NotSmaller) => store.too_large(flight).await,
+            // An answer that cannot be used is remembered: the same layout is not paid for again.
+            Err(
+                CompactionFailure::NotSmaller
+                | CompactionFailure::EchoedPrompt
+                | CompactionFailure::Summarizer(SummaryError::Blank),
+            ) => store.too_large(flight).await,
             Err(_) => {}
         }
         if let Some(lease) = lease {
@@ -653,6 +659,8 @@ impl Inner {
         mut previous: Option<String>,
         chunks: &[String],
     ) -> Result<String, CompactionFailure> {
+        let template = self.planner.config.summary_prompt.as_deref();
+        let instructions = summary_input::render_prompt(template, None, "");
         for chunk in chunks {
             let prompt = summary_input::render_prompt(
                 self.planner.config.summary_prompt.as_deref(),
@@ -669,7 +677,11 @@ impl Inner {
                 .await;
             self.metrics
                 .summarizer_call(text.is_ok(), started.elapsed());
-            previous = Some(text?);
+            let vetted = vet(&text?, &instructions).map_err(|unusable| match unusable {
+                Unusable::Empty => CompactionFailure::Summarizer(SummaryError::Blank),
+                Unusable::EchoesPrompt => CompactionFailure::EchoedPrompt,
+            })?;
+            previous = Some(vetted);
         }
         previous.ok_or(CompactionFailure::Summarizer(SummaryError::Blank))
     }

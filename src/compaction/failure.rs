@@ -10,6 +10,8 @@ pub enum CompactionFailure {
     Summarizer(#[from] SummaryError),
     #[error("the summary is not smaller than what it replaces")]
     NotSmaller,
+    #[error("the summarizer's answer repeats its instructions instead of summarizing")]
+    EchoedPrompt,
     #[error("the rewritten request did not validate")]
     RewriteInvalid,
     #[error(transparent)]
@@ -28,13 +30,14 @@ pub enum CompactionFailure {
 
 impl CompactionFailure {
     /// Every reason [`Self::reason`] can return, so metrics can start each at zero.
-    pub const REASONS: [Reason; 11] = [
+    pub const REASONS: [Reason; 12] = [
         Reason::SummarizerNoUpstream,
         Reason::SummarizerUnreachable,
         Reason::SummarizerHttpError,
         Reason::SummarizerTimeout,
         Reason::SummarizerBlank,
         Reason::SummaryNotSmaller,
+        Reason::SummaryEchoedPrompt,
         Reason::RewriteInvalid,
         Reason::Budget,
         Reason::CircuitOpen,
@@ -54,6 +57,7 @@ impl CompactionFailure {
             CompactionFailure::Summarizer(SummaryError::Timeout(_)) => Reason::SummarizerTimeout,
             CompactionFailure::Summarizer(SummaryError::Blank) => Reason::SummarizerBlank,
             CompactionFailure::NotSmaller => Reason::SummaryNotSmaller,
+            CompactionFailure::EchoedPrompt => Reason::SummaryEchoedPrompt,
             CompactionFailure::RewriteInvalid => Reason::RewriteInvalid,
             CompactionFailure::Refused(Refusal::Budget) => Reason::Budget,
             CompactionFailure::TooManyCalls { .. } => Reason::Budget,
@@ -83,6 +87,7 @@ mod tests {
             CompactionFailure::Summarizer(SummaryError::Timeout(Duration::ZERO)),
             CompactionFailure::Summarizer(SummaryError::Blank),
             CompactionFailure::NotSmaller,
+            CompactionFailure::EchoedPrompt,
             CompactionFailure::RewriteInvalid,
             CompactionFailure::Refused(Refusal::Budget),
             CompactionFailure::TooManyCalls { calls: 1, cap: 1 },

@@ -2,7 +2,14 @@
 //! rescue within headroom, no summary paid for and thrown away, strict-template alternation,
 //! and a first compaction that sees what it evicts.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use crate::common::*;
+use compactor::compaction::engine::{Compacted, CompactionEngine};
+use compactor::compaction::front_ends::Api;
+use compactor::compaction::scope::Caller;
+use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
 use http::StatusCode;
 use mock_upstream::MockFault;
 use serde_json::{json, Value};
@@ -259,5 +266,97 @@ async fn a_first_compaction_sees_nearly_everything_it_evicts_within_the_call_cap
     assert!(
         seen * 10 >= evicted * 9,
         "saw {seen} of {evicted} evicted turns"
+    );
+}
+
+/// A summarizer that answers each prompt with what `answer` makes of it, counting the calls.
+struct Scripted {
+    calls: AtomicU64,
+    answer: fn(&str) -> String,
+}
+
+impl Summarizer for Scripted {
+    fn summarize(&self, request: SummaryRequest) -> SummaryFuture {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let text = (self.answer)(&request.prompt);
+        Box::pin(async move { Ok(text) })
+    }
+}
+
+fn scripted_engine(answer: fn(&str) -> String) -> (CompactionEngine, Arc<Scripted>) {
+    let yaml = "upstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\nsummarization:\n  enabled: true\n  trigger: [{type: messages, value: 8}]\n  keep: {type: messages, value: 2}\n";
+    let config = compactor::config::Config::from_yaml(yaml).expect("valid");
+    let summarizer = Arc::new(Scripted {
+        calls: Default::default(),
+        answer,
+    });
+    let engine = CompactionEngine::with_summarizer(&config, summarizer.clone());
+    (engine, summarizer)
+}
+
+async fn compact_chat(engine: &CompactionEngine, messages: &[Value]) -> Compacted {
+    let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
+    match engine
+        .compact(
+            &http::HeaderMap::new(),
+            bytes::Bytes::from(body),
+            "mock",
+            Caller::default(),
+            Api::ChatCompletions,
+        )
+        .await
+    {
+        Ok(compacted) => compacted,
+        Err(_) => panic!("fail_mode open never refuses"),
+    }
+}
+
+fn twelve_turns() -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "You are an agent."})];
+    for i in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("question {i}: {}", "how does the parser work ".repeat(20))}));
+        messages.push(json!({"role": "assistant", "content": format!("answer {i}: {}", "it reads tokens one by one ".repeat(20))}));
+    }
+    messages.push(json!({"role": "user", "content": "and now?"}));
+    messages
+}
+
+#[tokio::test]
+async fn an_answer_that_repeats_the_prompt_is_refused_and_not_paid_for_again() {
+    // What a 135M model behind a real server did: it gave back its instructions.
+    let (engine, summarizer) =
+        scripted_engine(|prompt| prompt[..prompt.find("<<<").unwrap_or(prompt.len())].to_string());
+    let messages = twelve_turns();
+    let first = compact_chat(&engine, &messages).await;
+    assert_eq!(first.outcome.label(), "failed");
+    assert_eq!(first.outcome.reason.label(), "summary_echoed_prompt");
+    assert!(!first.rewritten, "the original goes through");
+    let again = compact_chat(&engine, &messages).await;
+    assert!(!again.rewritten);
+    assert_eq!(
+        summarizer.calls.load(Ordering::Relaxed),
+        1,
+        "the refused layout is remembered"
+    );
+}
+
+#[tokio::test]
+async fn compactors_frame_tags_never_reach_the_upstream_inside_a_summary() {
+    // The answer wraps its summary in the transcript's own frame tag, as weak models do.
+    let (engine, _) = scripted_engine(|prompt| {
+        let start = prompt.find("<msg-").expect("a framed block");
+        let tag: String = prompt[start + 1..]
+            .chars()
+            .take_while(|c| *c != ' ' && *c != '>')
+            .collect();
+        format!("<{tag} role=\"assistant\">\nThe user is learning how the parser reads tokens.\n</{tag}>")
+    });
+    let compacted = compact_chat(&engine, &twelve_turns()).await;
+    assert_eq!(compacted.outcome.label(), "summarized");
+    let body = String::from_utf8(compacted.body.to_vec()).expect("UTF-8");
+    assert!(body.contains("The user is learning how the parser reads tokens."));
+    assert!(
+        !body.contains("<msg-") && !body.contains("</msg-"),
+        "{body}"
     );
 }

@@ -1,5 +1,5 @@
 //! Making and keeping summaries: the summarizer's prompt and call, what it may cost, one call
-//! per prefix, and the sticky cache with its shared tier.
+//! per prefix, what its answer must be to be used, and the sticky cache with its shared tier.
 
 pub mod budget;
 pub mod cache;
@@ -8,3 +8,4 @@ pub mod single_flight;
 pub mod store;
 pub mod summarizer;
 pub mod summary_input;
+pub mod vet;

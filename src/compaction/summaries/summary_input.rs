@@ -606,7 +606,13 @@ fn message_body(message: &Message<'_>) -> String {
             call.id
         ));
     }
-    strip_base64(&body).into_owned()
+    without_payloads(&body)
+}
+
+/// `text` with its base64 payloads, with or without a `data:` header, replaced by placeholders.
+pub fn without_payloads(text: &str) -> String {
+    let headed = strip_base64(text);
+    strip_raw_base64(&headed).into_owned()
 }
 
 fn content_text(message: &Message<'_>) -> String {
@@ -748,10 +754,114 @@ pub fn strip_base64(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A run of base64 with no `data:` header (an MCP tool's image, a file dumped as base64) is
+/// replaced from this many characters on; shorter runs (ids, hashes, keys) stay.
+const RAW_BASE64_MIN: usize = 256;
+/// A line break continues a run when the line before it is at least this long (MIME and PEM
+/// wrap at 64 or 76).
+const RAW_BASE64_MIN_LINE: usize = 40;
+
+fn is_base64_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'+' | b'/' | b'=' | b'-' | b'_')
+}
+
+/// Replaces long runs of base64 that carry no `data:` header with a placeholder. A run must mix
+/// upper case, lower case and digits, so long hex digests, numbers and words are not taken for
+/// one; single line breaks between long lines belong to the run.
+pub fn strip_raw_base64(text: &str) -> Cow<'_, str> {
+    let bytes = text.as_bytes();
+    let mut out: Option<String> = None;
+    let (mut copied, mut i) = (0, 0);
+    while i < bytes.len() {
+        if !is_base64_byte(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let (mut chars, mut line) = (0usize, 0usize);
+        let (mut upper, mut lower, mut digit) = (false, false, false);
+        loop {
+            while i < bytes.len() && is_base64_byte(bytes[i]) {
+                upper |= bytes[i].is_ascii_uppercase();
+                lower |= bytes[i].is_ascii_lowercase();
+                digit |= bytes[i].is_ascii_digit();
+                chars += 1;
+                line += 1;
+                i += 1;
+            }
+            let after_break = match &bytes[i..] {
+                [b'\r', b'\n', ..] => i + 2,
+                [b'\n', ..] => i + 1,
+                _ => i,
+            };
+            let continues = after_break > i
+                && line >= RAW_BASE64_MIN_LINE
+                && bytes.get(after_break).copied().is_some_and(is_base64_byte);
+            if !continues {
+                break;
+            }
+            i = after_break;
+            line = 0;
+        }
+        if chars >= RAW_BASE64_MIN && upper && lower && digit {
+            let out = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            out.push_str(&text[copied..start]);
+            out.push_str(&format!("[base64 data, {chars} chars omitted]"));
+            copied = i;
+        }
+    }
+    match out {
+        None => Cow::Borrowed(text),
+        Some(mut out) => {
+            out.push_str(&text[copied..]);
+            Cow::Owned(out)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::compaction::front_ends::chat;
+
+    #[test]
+    fn base64_without_a_data_header_becomes_a_placeholder_and_ids_stay() {
+        // An MCP image result: raw base64, 4 800 characters, in one run and wrapped at 76.
+        let payload: String = (0..4_800)
+            .map(|i| {
+                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[(i * 7) % 64]
+                    as char
+            })
+            .collect();
+        let text = format!("screenshot: {payload} (done)");
+        assert_eq!(
+            without_payloads(&text),
+            "screenshot: [base64 data, 4800 chars omitted] (done)"
+        );
+        let wrapped: Vec<&str> = payload
+            .as_bytes()
+            .chunks(76)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let wrapped = format!(
+            "-----BEGIN CERT-----\n{}\n-----END CERT-----",
+            wrapped.join("\n")
+        );
+        assert_eq!(
+            without_payloads(&wrapped),
+            "-----BEGIN CERT-----\n[base64 data, 4800 chars omitted]\n-----END CERT-----"
+        );
+        for kept in [
+            "a".repeat(400),
+            "0123456789abcdef".repeat(20),
+            "sha256:".to_string() + &"9f86d081884c7d659a2feaa0c55ad015".repeat(2),
+            "call_Ab3xYz9QwErT".to_string(),
+            "word ".repeat(200),
+            "short\nlines\nof\nText9\n".repeat(40),
+        ] {
+            assert_eq!(without_payloads(&kept), kept);
+        }
+    }
 
     fn settings(budget: Option<u64>, oversize: Oversize) -> InputSettings {
         InputSettings {
