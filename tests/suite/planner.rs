@@ -871,10 +871,15 @@ mod properties {
             let Decision::Summarize { layout, to_summarize, .. } = &first.decision else {
                 return Ok(());
             };
-            // No call for a span not worth it.
+            // No call for a span not worth it: over a messages trigger two messages or more (the
+            // count shrinks), else a span of at least `min_span_tokens`.
             let model = TokenModel::default();
             let span: u64 = to_summarize.iter().map(|&i| conversation.messages[i].tokens(&model)).sum();
-            prop_assert!(span >= settings.min_span_tokens, "span {} < {}", span, settings.min_span_tokens);
+            let over_messages = matches!(settings.triggers[0], ContextSize::Messages(limit) if conversation.messages.len() as u64 >= limit);
+            prop_assert!(
+                (over_messages && to_summarize.len() >= 2) || span >= settings.min_span_tokens,
+                "span {} < {} ({} messages)", span, settings.min_span_tokens, to_summarize.len()
+            );
             // A compaction that met headroom is under it, rescues included, so under every trigger.
             if let (Some(h), false, ContextSize::Tokens(t)) = (settings.headroom, layout.headroom_unmet, settings.triggers[0]) {
                 prop_assert!((layout.projected_tokens as f64) < h * t as f64, "{} tokens after, trigger {}", layout.projected_tokens, t);
@@ -929,5 +934,81 @@ mod properties {
                 let _ = plan(&conversation, &settings, &TokenModel::default(), false, &mut NoCache);
             }
         }
+    }
+}
+
+#[test]
+fn once_a_summary_exists_its_real_size_decides_whether_a_new_span_is_worth_a_call() {
+    struct One(Digest, CachedSummary);
+    impl SummaryLookup for One {
+        fn chain_seed(&mut self) -> Digest {
+            [0; 32]
+        }
+        fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
+            (prefix == &self.0).then(|| self.1.clone())
+        }
+    }
+    let sentence = "the parser reads one token at a time ";
+    let mut messages = vec![system("sys")];
+    for i in 0..12 {
+        messages.push(user(&format!("q{i} {}", sentence.repeat(2))));
+        messages.push(assistant(&format!("a{i} {}", sentence.repeat(2))));
+    }
+    messages.push(user("latest"));
+    let mut settings = settings(
+        vec![ContextSize::Tokens(400)],
+        ContextSize::Messages(4),
+        None,
+    );
+    // A 500-token summary ceiling: a fresh summary needs a 750-token span to be worth a call.
+    settings.min_span_tokens = 750;
+    settings.summary_estimate_tokens = 516;
+    let text = body(&messages);
+    let first = run(
+        &text,
+        &PlanSettings {
+            min_span_tokens: 1,
+            ..settings.clone()
+        },
+    );
+    let (layout, _) = summarize_layout(&first);
+    // The summary that came back was 30 tokens.
+    let cached = CachedSummary {
+        cut: layout.cut,
+        excluded: layout.excluded.clone(),
+        splits: layout.splits.clone(),
+        text: "S".into(),
+        tokens: 30,
+    };
+    let mut lookup = One(first.chain().unwrap()[cached.cut], cached.clone());
+    messages.pop();
+    for i in 0..12 {
+        messages.push(assistant(&format!("b{i} {sentence}")));
+        messages.push(user(&format!("r{i} {sentence}")));
+    }
+    let later = body(&messages);
+    let conversation = chat::parse(later.as_bytes()).unwrap();
+    let plan = plan(
+        &conversation,
+        &settings,
+        &TokenModel::default(),
+        false,
+        &mut lookup,
+    );
+    let model = TokenModel::default();
+    match &plan.decision {
+        Decision::Summarize {
+            previous: Some(previous),
+            to_summarize,
+            ..
+        } => {
+            assert_eq!(previous, &cached);
+            let span: u64 = to_summarize
+                .iter()
+                .map(|&i| conversation.messages[i].tokens(&model))
+                .sum();
+            assert!((45..750).contains(&span), "span {span}");
+        }
+        other => panic!("an incremental summary, not {other:?}"),
     }
 }

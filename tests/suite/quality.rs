@@ -130,8 +130,9 @@ fn short_chat() -> Vec<Value> {
 
 #[tokio::test]
 async fn a_span_no_larger_than_the_summary_is_never_sent_to_the_summarizer() {
+    // Over a token trigger only: over a messages trigger the count decides (below).
     let stack = compacting_with(
-        "  upstream: summarizer\n  model_name: summarizer-model\n  trigger: [{type: messages, value: 8}]\n  keep: {type: messages, value: 6}\n  headroom: null\n  summary_max_tokens: 500\n",
+        "  upstream: summarizer\n  model_name: summarizer-model\n  trigger: [{type: tokens, value: 100}]\n  keep: {type: messages, value: 6}\n  headroom: null\n  summary_max_tokens: 500\n",
     )
     .await;
     for _ in 0..3 {
@@ -140,6 +141,37 @@ async fn a_span_no_larger_than_the_summary_is_never_sent_to_the_summarizer() {
         assert_eq!(outcome(&response), "skipped");
     }
     assert_eq!(stack.summarizer.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn a_messages_trigger_holds_for_short_turns_however_small_the_span() {
+    // 60 short turns under `trigger: messages 20`: the span rule compared each span with the
+    // summary's ceiling (1.5 × 500 tokens) and let 48 of them through uncompacted.
+    let stack = compacting_with(
+        "  upstream: summarizer\n  model_name: summarizer-model\n  trigger: [{type: messages, value: 20}]\n  keep: {type: messages, value: 6}\n  summary_max_tokens: 500\n",
+    )
+    .await;
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    let mut over = 0;
+    for turn in 0..60 {
+        messages.push(json!({"role": "user", "content": format!("ping {turn}")}));
+        let response = send_chat(&stack.proxy, &messages, &[]).await;
+        assert_eq!(response.status, StatusCode::OK);
+        let forwarded = forwarded(&stack).len();
+        if messages.len() >= 20 {
+            over += 1;
+            assert!(
+                forwarded < 20,
+                "turn {turn}: {forwarded} messages forwarded, {} ({})",
+                outcome(&response),
+                response.headers["x-compactor-compaction"]
+                    .to_str()
+                    .unwrap_or("")
+            );
+        }
+        messages.push(json!({"role": "assistant", "content": format!("pong {turn}")}));
+    }
+    assert!(over > 40, "{over} turns were over the trigger");
 }
 
 #[tokio::test]

@@ -73,7 +73,9 @@ pub struct PlanSettings {
     pub headroom: Option<f64>,
     /// Size assumed for a summary that does not exist yet (`summary_max_tokens` + framing).
     pub summary_estimate_tokens: u64,
-    /// The least a summary must cover to be worth a call: clearly more than the summary itself.
+    /// The least a summary must cover to be worth a call: clearly more than the summary itself
+    /// (see `worth_summarizing`: over a messages trigger the count decides, and a summary's real
+    /// size lowers this once one exists).
     pub min_span_tokens: u64,
     pub skills: SkillRescue,
     pub stages: Stages,
@@ -993,6 +995,7 @@ impl Analysis {
     /// messages it has not covered before) is clearly larger than the summary itself: a
     /// summary about as large as its span is paid for and thrown away. None when even the
     /// largest cut is too small.
+    #[allow(clippy::too_many_arguments)]
     fn widen_to_span(
         &self,
         settings: &PlanSettings,
@@ -1000,17 +1003,47 @@ impl Analysis {
         floor: usize,
         carried: &[usize],
         new: impl Fn(usize) -> bool,
+        previous_tokens: Option<u64>,
         goal: Goal,
     ) -> Option<(Layout, Vec<usize>)> {
         loop {
             let to_summarize = layout.summarized(self.head, &new);
-            if !to_summarize.is_empty() && self.tokens_of(&to_summarize) >= settings.min_span_tokens
-            {
+            if self.worth_summarizing(settings, &to_summarize, previous_tokens, goal) {
                 return Some((layout, to_summarize));
             }
             let next = self.next_boundary(layout.cut)?;
             layout = self.layout_at(settings, next, floor, carried, goal).0;
         }
+    }
+
+    /// Whether a call for `to_summarize` pays. Over a messages trigger, any span of two or more
+    /// messages does: the count is what was asked to shrink, and one summary replaces them.
+    /// Otherwise the span must clearly outweigh the summary it becomes (`min_span_tokens`), and
+    /// once a summary exists its real size, often well under the ceiling, is that weight.
+    fn worth_summarizing(
+        &self,
+        settings: &PlanSettings,
+        to_summarize: &[usize],
+        previous_tokens: Option<u64>,
+        goal: Goal,
+    ) -> bool {
+        if to_summarize.is_empty() {
+            return false;
+        }
+        // Ahead of need the count is still to come: only the token rule applies there.
+        let over_messages = goal == Goal::Now
+            && self.thresholds.iter().any(|threshold| match threshold {
+                Threshold::Messages(limit) => self.tokens.len() as u64 >= *limit,
+                Threshold::Tokens(_) => false,
+            });
+        if over_messages && to_summarize.len() >= 2 {
+            return true;
+        }
+        let min_span = match previous_tokens {
+            Some(previous) => settings.min_span_tokens.min(previous.saturating_mul(3) / 2),
+            None => settings.min_span_tokens,
+        };
+        self.tokens_of(to_summarize) >= min_span
     }
 
     fn plan_fresh(&self, settings: &PlanSettings, goal: Goal) -> Choice {
@@ -1022,7 +1055,7 @@ impl Analysis {
             };
         }
         let Some((layout, to_summarize)) =
-            self.widen_to_span(settings, layout, self.head, &[], |_| true, goal)
+            self.widen_to_span(settings, layout, self.head, &[], |_| true, None, goal)
         else {
             return Choice::PassThrough {
                 reason: Reason::SpanTooSmall,
@@ -1077,9 +1110,15 @@ impl Analysis {
                 summary: cached,
             };
         }
-        let Some((layout, to_summarize)) =
-            self.widen_to_span(settings, layout, cached.cut, &cached.excluded, new, goal)
-        else {
+        let Some((layout, to_summarize)) = self.widen_to_span(
+            settings,
+            layout,
+            cached.cut,
+            &cached.excluded,
+            new,
+            Some(cached.tokens),
+            goal,
+        ) else {
             // Nothing new worth a call: the cached summary is as far as compaction goes.
             return Choice::Reuse {
                 layout: reuse_layout(true),
