@@ -152,6 +152,16 @@ impl<'a, 'c> Transcript<'a, 'c> {
         self.messages.len()
     }
 
+    /// Whether block `k` belongs with the block before it: it answers a tool call (so its call
+    /// is what gives it a name and arguments), or the message before it binds to it.
+    fn continues_group(&self, k: usize) -> bool {
+        let message = self.messages[k];
+        let answers = message.tool_call_id.is_some()
+            || !message.more_answers.is_empty()
+            || !message.tool_outputs.is_empty();
+        answers || (k > 0 && self.messages[k - 1].binds_next)
+    }
+
     fn block(&mut self, k: usize) -> &Block {
         let (message, model, dialect) = (self.messages[k], &self.model, self.dialect);
         let copy = self.copies[k];
@@ -472,7 +482,10 @@ fn trim_pieces(transcript: &mut Transcript<'_, '_>, budget: u64) -> Vec<Piece> {
 }
 
 /// Consecutive chunks of pieces, each within `budget`; a piece larger than the budget is cut to
-/// its head and tail. Nothing else is dropped.
+/// its head and tail. Nothing else is dropped. A chunk ends between tool-call groups where it
+/// can: a group that would straddle two chunks moves whole to the next one when it fits there,
+/// so a tool's result is read in the same call as the call that names the tool and its
+/// arguments.
 fn fold_pieces(
     transcript: &mut Transcript<'_, '_>,
     pieces: Vec<Piece>,
@@ -480,8 +493,15 @@ fn fold_pieces(
 ) -> Vec<Vec<Piece>> {
     let mut chunks = Vec::new();
     let mut current: Vec<Piece> = Vec::new();
+    let mut costs: Vec<u64> = Vec::new();
+    // Where in `current` the group being added began.
+    let mut group_start = 0;
     let mut used = 0u64;
     for piece in pieces {
+        let joins = match &piece {
+            Piece::Whole(k) | Piece::Cut(k, _) => transcript.continues_group(*k),
+            Piece::Text(_) => false,
+        };
         let piece = if piece.tokens(transcript) > budget {
             match piece {
                 Piece::Whole(k) | Piece::Cut(k, _) => {
@@ -498,11 +518,26 @@ fn fold_pieces(
         };
         let cost = piece.tokens(transcript);
         if used + cost > budget && !current.is_empty() {
-            chunks.push(std::mem::take(&mut current));
-            used = 0;
+            let group_cost: u64 = costs[group_start..].iter().sum();
+            if joins && group_start > 0 && group_cost + cost <= budget {
+                let group = current.split_off(group_start);
+                let group_costs = costs.split_off(group_start);
+                chunks.push(std::mem::replace(&mut current, group));
+                costs = group_costs;
+                used = group_cost;
+            } else {
+                chunks.push(std::mem::take(&mut current));
+                costs.clear();
+                used = 0;
+            }
+            group_start = 0;
+        }
+        if !joins {
+            group_start = current.len();
         }
         used += cost;
         current.push(piece);
+        costs.push(cost);
     }
     if !current.is_empty() || chunks.is_empty() {
         chunks.push(current);
@@ -1003,6 +1038,30 @@ mod tests {
         let all = select_all(&body, &roomy);
         assert!(all.chunks.len() <= 4);
         assert!(all.coverage() >= 0.99, "{}", all.coverage());
+    }
+
+    #[test]
+    fn a_fold_keeps_each_tool_result_in_the_call_that_names_its_tool() {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": "read the files"})];
+        for i in 0..30 {
+            let id = format!("call_{i}");
+            messages.push(serde_json::json!({"role": "assistant", "content": format!("reading {}", "r".repeat(60 + (i * 37) % 90)), "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}));
+            messages.push(serde_json::json!({"role": "tool", "tool_call_id": id, "content": format!("fn f{i}() {{}} {}", "x".repeat(80 + (i * 53) % 120))}));
+        }
+        let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+        let input = select_all(&body, &settings(Some(300), Oversize::Fold));
+        assert!(input.chunks.len() > 3, "{} chunks", input.chunks.len());
+        for i in 0..30 {
+            let result = format!("tool_call_id=\"call_{i}\"");
+            let call = format!("[call_{i}]");
+            let chunk = input
+                .chunks
+                .iter()
+                .find(|chunk| chunk.contains(&result))
+                .unwrap_or_else(|| panic!("call_{i}'s result is shown"));
+            assert!(chunk.contains(&call), "call_{i}'s result without its call");
+        }
+        assert_eq!(input.coverage(), 1.0);
     }
 
     #[test]
