@@ -6,6 +6,7 @@ mod common;
 mod architecture;
 mod binary;
 mod compaction;
+mod eval;
 mod front_ends;
 mod gateway;
 mod helm_chart;

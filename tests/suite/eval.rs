@@ -1,0 +1,349 @@
+//! The compaction eval's pipeline tier (issue 27): no model, deterministic. Generated agent runs
+//! (English prose, code, CJK) carry planted facts of four kinds (an exact error string, an
+//! artifact with its path, a decision, the next step) in the part of the run a compaction
+//! evicts. For each strategy, each fact ends either kept verbatim in what is forwarded, shown
+//! to the summarizer (it can survive in the summary), or lost outright. compactor's strategies
+//! run through the real engine with a summarizer that records its prompts; the references'
+//! policies (LangChain's `trim_tokens_to_summarize: 4000`, naive truncation) are computed from
+//! the same messages. `scripts/eval.sh` prints the table; the test holds compactor to it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::common::Rng;
+use bytes::Bytes;
+use compactor::compaction::engine::CompactionEngine;
+use compactor::compaction::front_ends::Api;
+use compactor::compaction::scope::Caller;
+use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::config::Config;
+use http::HeaderMap;
+use serde_json::{json, Value};
+
+const RUNS_PER_LANGUAGE: u64 = 20;
+const STEPS: usize = 40;
+const KINDS: [&str; 4] = ["exact fact", "artifact", "decision", "next step"];
+const LANGUAGES: [&str; 3] = ["English", "code", "CJK"];
+const STRATEGIES: [&str; 5] = [
+    "compactor: summary (fold)",
+    "compactor: clear tool outputs only",
+    "compactor: truncate",
+    "LangChain: trim_tokens_to_summarize 4000",
+    "naive truncation",
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Fate {
+    Kept,
+    Shown,
+    Lost,
+}
+
+/// One planted fact: its kind and the token that identifies it wherever it ends up.
+struct Planted {
+    kind: &'static str,
+    marker: String,
+}
+
+struct Run {
+    messages: Vec<Value>,
+    planted: Vec<Planted>,
+}
+
+fn filler(language: &str, rng: &mut Rng, words: usize) -> String {
+    const EN: [&str; 12] = [
+        "the",
+        "service",
+        "reads",
+        "each",
+        "request",
+        "and",
+        "then",
+        "checks",
+        "its",
+        "cache",
+        "before",
+        "answering",
+    ];
+    const CODE: [&str; 8] = [
+        "let x = parse(input)?;",
+        "if x.len() > limit { return Err(TooLarge); }",
+        "for item in items.iter() {",
+        "    total += item.weight;",
+        "}",
+        "fn handle(req: Request) -> Response {",
+        "match state { Ready => go(), _ => wait() }",
+        "// retry with backoff",
+    ];
+    const CJK: [&str; 10] = [
+        "服务", "读取", "每个", "请求", "然后", "检查", "缓存", "之前", "回答", "配置",
+    ];
+    let mut out = String::new();
+    // A line of code is about six words of prose: the three languages weigh about the same.
+    let words = if language == "code" { words / 6 } else { words };
+    for i in 0..words {
+        let pick = rng.next() as usize;
+        match language {
+            "code" => {
+                out.push_str(CODE[pick % CODE.len()]);
+                out.push('\n');
+            }
+            "CJK" => out.push_str(CJK[pick % CJK.len()]),
+            _ => {
+                if i > 0 {
+                    out.push(' ');
+                }
+                out.push_str(EN[pick % EN.len()]);
+            }
+        }
+    }
+    out
+}
+
+/// An agent run of `STEPS` tool steps with one fact of each kind planted in its first half
+/// (what a compaction evicts), and the next step in its third quarter.
+fn agent_run(language: &'static str, seed: u64) -> Run {
+    let mut rng = Rng(seed * 7919 + 17);
+    let mut planted = Vec::new();
+    let mut at = BTreeMap::new();
+    for (kind, (low, high)) in KINDS.iter().zip([(2, 16), (2, 16), (1, 16), (18, 26)]) {
+        let step = low + (rng.next() as usize) % (high - low);
+        let marker = format!("Q{}{seed}{}Z", &kind[..2].to_uppercase(), language.len());
+        at.entry(step)
+            .or_insert_with(Vec::new)
+            .push((*kind, marker.clone()));
+        planted.push(Planted { kind, marker });
+    }
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent with tools."}),
+        json!({"role": "user", "content": format!("Fix the failing service. {}", filler(language, &mut rng, 30))}),
+    ];
+    for step in 0..STEPS {
+        let mut thought = filler(language, &mut rng, 40);
+        let mut output = filler(language, &mut rng, 260);
+        for (kind, marker) in at.get(&step).into_iter().flatten() {
+            match *kind {
+                "exact fact" => output.push_str(&format!(
+                    "\nerror[{marker}]: connection refused on port {}",
+                    5000 + seed
+                )),
+                "artifact" => thought.push_str(&format!(
+                    " I changed src/retry_{marker}.rs: added fn backoff."
+                )),
+                "decision" => thought.push_str(&format!(
+                    " Decision {marker}: use exponential backoff instead of polling."
+                )),
+                _ => thought.push_str(&format!(
+                    " Next step {marker}: run the migration after the tests pass."
+                )),
+            }
+        }
+        let id = format!("call_{seed}_{step}");
+        messages.push(json!({"role": "assistant", "content": thought, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/m{step}.rs\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+    }
+    messages.push(json!({"role": "user", "content": "Continue."}));
+    Run { messages, planted }
+}
+
+/// Answers every call with one short line and keeps the prompts it was shown.
+#[derive(Default)]
+struct Recording {
+    prompts: Mutex<Vec<String>>,
+}
+
+impl Summarizer for Recording {
+    fn summarize(&self, request: SummaryRequest) -> SummaryFuture {
+        if let Ok(mut prompts) = self.prompts.lock() {
+            prompts.push(request.prompt);
+        }
+        Box::pin(async { Ok("The agent is fixing the service.".to_string()) })
+    }
+}
+
+const TRIGGER: u64 = 12_000;
+const WINDOW: u64 = 16_000;
+
+fn engine(stages: &str, extra: &str) -> (CompactionEngine, Arc<Recording>) {
+    let yaml = format!(
+        "upstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\nmodels:\n  - match: \"eval-*\"\n    max_input_tokens: {WINDOW}\nsummarization:\n  enabled: true\n  trigger: [{{type: tokens, value: {TRIGGER}}}]\n  keep: {{type: messages, value: 20}}\n  stages: {stages}\n  max_calls_per_minute_per_tenant: 100000\n{extra}"
+    );
+    let config = Config::from_yaml(&yaml).expect("eval config");
+    let recording = Arc::new(Recording::default());
+    (
+        CompactionEngine::with_summarizer(&config, recording.clone()),
+        recording,
+    )
+}
+
+async fn through_engine(
+    engine: &CompactionEngine,
+    recording: &Recording,
+    run: &Run,
+) -> (String, String) {
+    let body = json!({"model": "eval-model", "messages": run.messages}).to_string();
+    let forwarded = match engine
+        .compact(
+            &HeaderMap::new(),
+            Bytes::from(body),
+            "mock",
+            Caller::default(),
+            Api::ChatCompletions,
+        )
+        .await
+    {
+        Ok(compacted) => String::from_utf8_lossy(&compacted.body).into_owned(),
+        Err(_) => panic!("fail_mode open never refuses"),
+    };
+    let shown = recording
+        .prompts
+        .lock()
+        .map(|mut prompts| std::mem::take(&mut *prompts).join("\n"))
+        .unwrap_or_default();
+    (forwarded, shown)
+}
+
+/// compactor's count of a message, as the references would count with a plain 4-chars counter.
+fn approx_tokens(message: &Value) -> u64 {
+    (message.to_string().chars().count() as u64).div_ceil(4)
+}
+
+/// The layout the reference keeps (the last 20 messages, start moved back to a tool call's
+/// assistant) and what LangChain's summarizer sees of the rest: `trim_messages(strategy="last",
+/// max_tokens=4000, start_on="human")`, so the most recent 4 000 tokens starting on a user turn.
+fn langchain(run: &Run) -> (String, String) {
+    let messages = &run.messages;
+    let mut cut = messages.len().saturating_sub(20);
+    while cut > 1 && messages[cut]["role"] == "tool" {
+        cut -= 1;
+    }
+    let evicted = &messages[1..cut];
+    let mut budget = 4_000u64;
+    let mut start = evicted.len();
+    while start > 0 && approx_tokens(&evicted[start - 1]) <= budget {
+        budget -= approx_tokens(&evicted[start - 1]);
+        start -= 1;
+    }
+    while start < evicted.len() && evicted[start]["role"] != "user" {
+        start += 1;
+    }
+    let shown: Vec<String> = evicted[start..].iter().map(Value::to_string).collect();
+    let kept: Vec<String> = messages[cut..].iter().map(Value::to_string).collect();
+    (kept.join("\n"), shown.join("\n"))
+}
+
+/// Oldest messages after the system prompt dropped until the rest is under the trigger ×
+/// headroom, with no regard for tool-call pairs and nothing summarized.
+fn naive_truncation(run: &Run) -> (String, String) {
+    let messages = &run.messages;
+    let mut total: u64 = messages.iter().map(approx_tokens).sum();
+    let mut start = 1;
+    while total > TRIGGER * 3 / 4 && start < messages.len() - 1 {
+        total -= approx_tokens(&messages[start]);
+        start += 1;
+    }
+    let kept: Vec<String> = std::iter::once(&messages[0])
+        .chain(&messages[start..])
+        .map(Value::to_string)
+        .collect();
+    (kept.join("\n"), String::new())
+}
+
+fn fate(marker: &str, forwarded: &str, shown: &str) -> Fate {
+    if forwarded.contains(marker) {
+        Fate::Kept
+    } else if shown.contains(marker) {
+        Fate::Shown
+    } else {
+        Fate::Lost
+    }
+}
+
+/// Strategy → kind → (kept, shown, lost) counts over every run.
+type Table = BTreeMap<&'static str, BTreeMap<&'static str, [u32; 3]>>;
+
+async fn evaluate() -> (Table, BTreeMap<&'static str, [u32; 3]>) {
+    let (summary, summary_seen) = engine("[summarize]", "");
+    let (clearing, clearing_seen) = engine("[clear_tool_outputs]", "");
+    let (truncating, truncating_seen) = engine("[truncate]", "");
+    let mut table = Table::new();
+    let mut by_language: BTreeMap<&'static str, [u32; 3]> = BTreeMap::new();
+    for language in LANGUAGES {
+        for seed in 0..RUNS_PER_LANGUAGE {
+            let run = agent_run(language, seed);
+            let outcomes = [
+                through_engine(&summary, &summary_seen, &run).await,
+                through_engine(&clearing, &clearing_seen, &run).await,
+                through_engine(&truncating, &truncating_seen, &run).await,
+                langchain(&run),
+                naive_truncation(&run),
+            ];
+            for (strategy, (forwarded, shown)) in STRATEGIES.iter().zip(&outcomes) {
+                for planted in &run.planted {
+                    let fate = fate(&planted.marker, forwarded, shown) as usize;
+                    table
+                        .entry(strategy)
+                        .or_default()
+                        .entry(planted.kind)
+                        .or_default()[fate] += 1;
+                    if *strategy == STRATEGIES[0] {
+                        by_language.entry(language).or_default()[fate] += 1;
+                    }
+                }
+            }
+        }
+    }
+    (table, by_language)
+}
+
+fn percent(counts: [u32; 3], fate: Fate) -> f64 {
+    let total: u32 = counts.iter().sum();
+    100.0 * counts[fate as usize] as f64 / total.max(1) as f64
+}
+
+fn print(table: &Table) {
+    println!(
+        "\n| strategy | planted fact | kept verbatim | shown to the summarizer | lost outright |"
+    );
+    println!("|---|---|---:|---:|---:|");
+    for strategy in STRATEGIES {
+        for kind in KINDS {
+            let counts = table[strategy][kind];
+            println!(
+                "| {strategy} | {kind} | {:.0} % | {:.0} % | {:.0} % |",
+                percent(counts, Fate::Kept),
+                percent(counts, Fate::Shown),
+                percent(counts, Fate::Lost)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_planted_fact_is_lost_outright_by_compactors_summary_and_the_references_lose_some() {
+    let (table, by_language) = evaluate().await;
+    print(&table);
+    let runs = RUNS_PER_LANGUAGE as u32 * LANGUAGES.len() as u32;
+    for kind in KINDS {
+        let summary = table[STRATEGIES[0]][kind];
+        assert_eq!(summary.iter().sum::<u32>(), runs);
+        assert_eq!(summary[Fate::Lost as usize], 0, "{kind}: {summary:?}");
+        // Nothing the summary strategy keeps or shows is worse than a reference's.
+        for reference in &STRATEGIES[3..] {
+            let theirs = table[reference][kind];
+            assert!(
+                theirs[Fate::Lost as usize] >= summary[Fate::Lost as usize],
+                "{reference} {kind}"
+            );
+        }
+    }
+    for (language, counts) in by_language {
+        assert_eq!(counts[Fate::Lost as usize], 0, "{language}");
+    }
+    // The planted facts sit where a compaction evicts: the references do lose some of them.
+    let lost_by_langchain: u32 = KINDS
+        .iter()
+        .map(|kind| table[STRATEGIES[3]][kind][Fate::Lost as usize])
+        .sum();
+    assert!(lost_by_langchain > 0);
+}
