@@ -54,6 +54,18 @@ fn skills_off() -> SkillRescue {
     }
 }
 
+/// A cache that holds one summary, under one prefix's digest.
+struct One(Digest, CachedSummary);
+
+impl SummaryLookup for One {
+    fn chain_seed(&mut self) -> Digest {
+        [0; 32]
+    }
+    fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
+        (prefix == &self.0).then(|| self.1.clone())
+    }
+}
+
 fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>) -> PlanSettings {
     PlanSettings {
         triggers,
@@ -636,15 +648,6 @@ fn a_cached_entry_that_names_a_message_twice_or_out_of_order_is_not_used() {
     let first = run(&text, &settings);
     let (layout, _) = summarize_layout(&first);
     let chain = first.chain().unwrap().to_vec();
-    struct One(Digest, CachedSummary);
-    impl SummaryLookup for One {
-        fn chain_seed(&mut self) -> Digest {
-            [0; 32]
-        }
-        fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-            (prefix == &self.0).then(|| self.1.clone())
-        }
-    }
     let honest = CachedSummary {
         cut: layout.cut,
         excluded: layout.excluded.clone(),
@@ -716,15 +719,6 @@ fn reuse_while_the_compacted_request_stays_under_the_trigger() {
         tokens: 20,
     };
     let chain = first.chain().unwrap().to_vec();
-    struct One(Digest, CachedSummary);
-    impl SummaryLookup for One {
-        fn chain_seed(&mut self) -> Digest {
-            [0; 32]
-        }
-        fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-            (prefix == &self.0).then(|| self.1.clone())
-        }
-    }
     let mut lookup = One(chain[cached.cut], cached.clone());
     // Next turn: the client resends everything plus one exchange.
     messages.push(assistant("answer"));
@@ -939,15 +933,6 @@ mod properties {
 
 #[test]
 fn once_a_summary_exists_its_real_size_decides_whether_a_new_span_is_worth_a_call() {
-    struct One(Digest, CachedSummary);
-    impl SummaryLookup for One {
-        fn chain_seed(&mut self) -> Digest {
-            [0; 32]
-        }
-        fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-            (prefix == &self.0).then(|| self.1.clone())
-        }
-    }
     let sentence = "the parser reads one token at a time ";
     let mut messages = vec![system("sys")];
     for i in 0..12 {
