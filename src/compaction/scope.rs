@@ -72,13 +72,15 @@ impl Credentials {
 
     /// Whom summarizer calls are charged to: the tenant; with auth off also the client's
     /// address, since a client can name itself another tenant by changing a header but cannot
-    /// so easily change where it connects from.
+    /// so easily change where it connects from. Not a loopback address: every client on the
+    /// machine has it, so it names none of them (several local agents, each with its own
+    /// provider key, keep their own budgets).
     pub fn accounts(&self, tenant: [u8; 32]) -> Vec<[u8; 32]> {
         match self {
             Credentials::Headers {
                 address: Some(address),
                 ..
-            } => {
+            } if !address.to_canonical().is_loopback() => {
                 let canonical = address.to_canonical().to_string();
                 vec![
                     tenant,
@@ -150,6 +152,38 @@ mod tests {
         assert_ne!(a.seed(), b.seed());
         assert_ne!(a.seed(), c.seed());
         assert_ne!(a.seed(), d.seed());
+    }
+
+    #[test]
+    fn with_auth_off_a_remote_address_is_charged_too_and_loopback_is_not() {
+        let accounts = |key: &'static str, address: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("authorization", HeaderValue::from_static(key));
+            let caller = Caller {
+                address: Some(address.parse().unwrap()),
+                ..Caller::default()
+            };
+            let credentials = Credentials::of(caller, &headers);
+            credentials.accounts(credentials.tenant())
+        };
+        let remote = accounts("Bearer sk-a", "203.0.113.7");
+        assert_eq!(remote.len(), 2);
+        // Another credential from the same address shares the address's account.
+        let dodging = accounts("Bearer sk-b", "203.0.113.7");
+        assert_ne!(remote[0], dodging[0]);
+        assert_eq!(remote[1], dodging[1]);
+        assert_eq!(accounts("Bearer sk-a", "::ffff:203.0.113.7")[1], remote[1]);
+        assert_eq!(accounts("Bearer sk-a", "127.0.0.1").len(), 1);
+        assert_eq!(accounts("Bearer sk-a", "::1").len(), 1);
+        // With auth on the key is the account, wherever it connects from.
+        let caller = Caller {
+            key: Some("team"),
+            key_digest: Some([1; 32]),
+            address: Some("203.0.113.7".parse().unwrap()),
+            ..Caller::default()
+        };
+        let credentials = Credentials::of(caller, &HeaderMap::new());
+        assert_eq!(credentials.accounts(credentials.tenant()).len(), 1);
     }
 
     #[test]
