@@ -245,11 +245,12 @@ pub async fn serve_on(
                 };
                 // Small writes (SSE frames) must leave at once, not wait for a delayed ACK.
                 let _ = stream.set_nodelay(true);
-                match slots.admit(peer.ip().to_canonical()) {
+                let address = peer.ip().to_canonical();
+                match slots.admit(address) {
                     Some(slot) => {
                         let (app, serving, stopping) = (app.clone(), serving.clone(), stopping.clone());
                         tracker.spawn(async move {
-                            serve_connection(stream, peer, app, &serving, stopping, slot).await;
+                            serve_connection(stream, address, app, &serving, stopping, slot).await;
                         });
                     }
                     None => {
@@ -302,7 +303,7 @@ pub fn bind_reuseport(listen: &str, count: usize) -> std::io::Result<Vec<std::ne
 /// or shutdown asks it to finish.
 async fn serve_connection(
     stream: TcpStream,
-    peer: SocketAddr,
+    address: IpAddr,
     app: Arc<App>,
     serving: &Serving,
     mut stopping: watch::Receiver<bool>,
@@ -316,9 +317,7 @@ async fn serve_connection(
             let (app, linger) = (app.clone(), linger.clone());
             let guard = activity.begin();
             let sends_body = !request.body().is_end_stream();
-            request
-                .extensions_mut()
-                .insert(ClientAddress(peer.ip().to_canonical()));
+            request.extensions_mut().insert(ClientAddress(address));
             async move {
                 let response = crate::proxy::handle(app, request).await?;
                 if sends_body && response.status().as_u16() >= 400 {
