@@ -12,6 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use std::sync::Arc;
 
 use crate::body::{BoxError, ProxyBody};
+use crate::compaction::engine::CalibrationSample;
 use crate::metrics::{Finished, Metrics, Name, Route};
 use crate::usage::UsageTap;
 
@@ -40,6 +41,8 @@ pub struct RequestLog {
     pub upstream_wait: Duration,
     /// The request's trace span (none when traces are off): it ends with the response body.
     pub span: Option<tracing::Span>,
+    /// The forwarded body, to calibrate its model's count once the usage is read.
+    pub calibration: Option<CalibrationSample>,
 }
 
 /// Counts the bytes a client received and writes the request's log line exactly once: when the
@@ -56,8 +59,9 @@ pub struct LoggedBody {
 
 impl LoggedBody {
     pub fn new(inner: ProxyBody, log: RequestLog, started: Instant) -> Self {
-        let reads_usage =
-            log.metrics.is_some() && log.route.is_generation() && (200..300).contains(&log.status);
+        let reads_usage = (log.metrics.is_some() || log.calibration.is_some())
+            && log.route.is_generation()
+            && (200..300).contains(&log.status);
         LoggedBody {
             inner,
             usage: reads_usage.then(Box::default),
@@ -69,9 +73,13 @@ impl LoggedBody {
     }
 
     fn finish(&mut self, end: &'static str) {
-        let Some(log) = self.log.take() else {
+        let Some(mut log) = self.log.take() else {
             return;
         };
+        let counted = self.usage.as_ref().and_then(|tap| tap.input_total());
+        if let (Some(sample), Some(counted)) = (log.calibration.take(), counted) {
+            sample.record(counted);
+        }
         let elapsed = self.started.elapsed();
         emit_log_line(&log, elapsed, self.bytes_out, end);
         record_span(&log);

@@ -16,6 +16,9 @@ pub const COMPACTION: HeaderName = HeaderName::from_static("x-compactor-compacti
 pub const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
 /// Response header: the token estimate of what was forwarded.
 pub const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
+/// Response header: how the token counts were made: `calibrated` (the estimate's weights
+/// learned from the upstream's own counts of this model) or `estimate` (the configured ratio).
+pub const TOKENS_COUNT: HeaderName = HeaderName::from_static("x-compactor-tokens-count");
 /// Response header: tool outputs the `clear_tool_outputs` stage replaced.
 pub const OUTPUTS_CLEARED: HeaderName = HeaderName::from_static("x-compactor-tool-outputs-cleared");
 /// Response header: messages the `truncate` stage dropped to fit the model's window.

@@ -21,6 +21,7 @@ use wildmatch::WildMatch;
 
 use crate::compaction::front_ends::Api;
 
+use crate::compaction::calibration::Learned;
 use crate::compaction::{CacheUse, Outcome, OutcomeKind, Reason};
 use crate::config::Config;
 use crate::usage::Usage;
@@ -31,6 +32,10 @@ const TOKEN_BUCKETS: [f64; 14] = [
     16777216.0, 67108864.0,
 ];
 /// The OpenTelemetry GenAI request duration buckets (seconds).
+/// Estimate over real: within 5 % is the goal, 2× off is what an uncalibrated CJK count does.
+const RATIO_BUCKETS: [f64; 12] = [
+    0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0,
+];
 const DURATION_BUCKETS: [f64; 14] = [
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
@@ -245,6 +250,8 @@ struct CompactionMetrics {
     reactive_retries: Family<ResultLabels, Counter>,
     precomputes: Counter,
     single_flight_joins: Counter,
+    calibration_samples: Family<ResultLabels, Counter>,
+    estimate_ratio: Histogram,
 }
 
 impl CompactionMetrics {
@@ -321,6 +328,21 @@ impl CompactionMetrics {
             "Summaries started ahead of need (precompute_at)",
             precomputes.clone(),
         );
+        let calibration_samples = Family::default();
+        registry.register(
+            "compactor_token_calibration_samples",
+            "Upstream input counts compared with compactor's count of the same body (result: used, outlier)",
+            calibration_samples.clone(),
+        );
+        let estimate_ratio = Histogram::new(RATIO_BUCKETS);
+        registry.register(
+            "compactor_token_estimate_ratio",
+            "compactor's token count of a forwarded body over the upstream's, before learning from it (1 is exact)",
+            estimate_ratio.clone(),
+        );
+        for result in ["used", "outlier"] {
+            let _ = calibration_samples.get_or_create(&ResultLabels { result });
+        }
         for result in ["ok", "error"] {
             let _ = summarizer_calls.get_or_create(&ResultLabels { result });
         }
@@ -340,6 +362,8 @@ impl CompactionMetrics {
             reactive_retries,
             precomputes,
             single_flight_joins,
+            calibration_samples,
+            estimate_ratio,
         }
     }
 }
@@ -562,6 +586,22 @@ impl Metrics {
     }
 
     /// One summarizer call ended.
+    /// One sample of an upstream's input count against compactor's.
+    pub fn calibration(&self, learned: Learned) {
+        if !self.enabled() {
+            return;
+        }
+        let (result, ratio) = match learned {
+            Learned::Used { ratio } => ("used", ratio),
+            Learned::Outlier { ratio } => ("outlier", ratio),
+        };
+        self.compaction
+            .calibration_samples
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        self.compaction.estimate_ratio.observe(ratio);
+    }
+
     pub fn summarizer_call(&self, ok: bool, took: Duration) {
         if !self.enabled() {
             return;

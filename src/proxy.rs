@@ -145,6 +145,7 @@ async fn proxy(
     let Compacting {
         body,
         mut compacted,
+        engine,
         retry,
     } = compacting;
     // A retry after a context-length error is sent with the same headers.
@@ -169,6 +170,9 @@ async fn proxy(
         }
     }
     log.upstream_wait = target.waited();
+    if response.status().is_success() {
+        log.calibration = calibration_sample(engine, compacted.as_ref(), log.model.as_deref());
+    }
     Ok(respond(response, compacted, log))
 }
 
@@ -366,6 +370,8 @@ fn restricted_model(body: &[u8]) -> Result<Option<String>, ProxyError> {
 struct Compacting<'e> {
     body: ProxyBody,
     compacted: Option<Compacted>,
+    /// The engine and API that read the body, when one did.
+    engine: Option<(&'e CompactionEngine, Api)>,
     retry: Option<(&'e CompactionEngine, Api, Bytes)>,
 }
 
@@ -383,6 +389,7 @@ async fn compact<'e>(
             return Ok(Compacting {
                 body: body.boxed_unsync(),
                 compacted: None,
+                engine: None,
                 retry: None,
             })
         }
@@ -392,6 +399,7 @@ async fn compact<'e>(
         return Ok(Compacting {
             body: body::full(bytes),
             compacted: None,
+            engine: None,
             retry: None,
         });
     };
@@ -411,8 +419,20 @@ async fn compact<'e>(
     Ok(Compacting {
         body: body::full(result.body.clone()),
         compacted: Some(result),
+        engine: Some((engine, api)),
         retry,
     })
+}
+
+/// The forwarded body, held to calibrate its model's count against the upstream's usage when
+/// the model is due a sample.
+fn calibration_sample(
+    engine: Option<(&CompactionEngine, Api)>,
+    compacted: Option<&Compacted>,
+    model: Option<&str>,
+) -> Option<crate::compaction::engine::CalibrationSample> {
+    let (engine, api) = engine?;
+    engine.calibration_sample(api, model?, compacted?)
 }
 
 /// The upstream's response, with what compaction did in its headers and the log.

@@ -58,6 +58,21 @@ impl UsageTap {
         (usage.input.is_some() || usage.output.is_some()).then_some(usage)
     }
 
+    /// Every input token the upstream counted for the request: Anthropic reports the tokens
+    /// read from or written to its prompt cache apart from `input_tokens`; OpenAI's
+    /// `prompt_tokens` and `input_tokens` already include the cached ones.
+    pub fn input_total(&self) -> Option<u64> {
+        let input = self.last(&["\"prompt_tokens\"", "\"input_tokens\""])?;
+        let cached = [
+            "\"cache_creation_input_tokens\"",
+            "\"cache_read_input_tokens\"",
+        ]
+        .iter()
+        .filter_map(|key| self.last(&[key]))
+        .sum::<u64>();
+        Some(input + cached)
+    }
+
     fn last(&self, keys: &[&str]) -> Option<u64> {
         [&self.tail, &self.head]
             .into_iter()

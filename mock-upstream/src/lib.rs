@@ -15,6 +15,8 @@
 //!   ([`MockHandle::open_gate`] or `POST /mock/gates/KEY`).
 //! - `x-mock-window: N`, `x-mock-window-style: openai | azure | responses | vllm | openrouter |
 //!   anthropic` — a context window of N tokens, refused with that provider's error ([`window`]).
+//! - `x-mock-tokenizer: o200k | cl100k` — count input tokens with that real tokenizer, for the
+//!   window and the usage a non-streamed reply reports ([`window::Counting`]).
 //!
 //! Requests to `/responses` get a Responses `response` object or a typed event stream, and their
 //! `input` is validated as OpenAI does (calls and outputs paired by `call_id`, a reasoning item
@@ -101,6 +103,8 @@ pub struct MockOptions {
     pub record: usize,
     /// A context window enforced on every request ([`window`]).
     pub window: Option<u64>,
+    /// How input tokens are counted, for the window and the usage reported.
+    pub counting: window::Counting,
     /// What agent mode does ([`agent`]).
     pub agent: agent::AgentScript,
 }
@@ -115,6 +119,7 @@ impl Default for MockOptions {
             validate: true,
             record: 256,
             window: None,
+            counting: window::Counting::Quarter,
             agent: agent::AgentScript::default(),
         }
     }
@@ -500,6 +505,9 @@ async fn serve_request(
             return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
         }
     }
+    let counting = header_str(&parts.headers, "x-mock-tokenizer")
+        .and_then(window::Counting::parse)
+        .unwrap_or(options.counting);
     let limit = header_num::<u64>(&parts.headers, "x-mock-window").or(options.window);
     if let Some(limit) = limit {
         let style = header_str(&parts.headers, "x-mock-window-style")
@@ -511,7 +519,7 @@ async fn serve_request(
             } else {
                 window::Style::OpenAi
             });
-        if let Some((status, body)) = window::check(&request, limit, style) {
+        if let Some((status, body)) = window::check(&request, limit, style, counting) {
             state.window_refusals.fetch_add(1, Ordering::SeqCst);
             return Ok(full(status, "application/json", body));
         }
@@ -582,13 +590,24 @@ async fn serve_request(
         return Ok(full(StatusCode::OK, "application/json", whole.to_string()));
     }
     if !stream {
-        let body = if messages_api {
+        let mut body = if messages_api {
             anthropic::message_json(&id, &model, &anthropic_reply, &request)
         } else if responses_api {
             response_json(&id, &model, &text, "completed")
         } else {
             completion_json(&id, &model, &reply, &request)
         };
+        if counting != window::Counting::Quarter {
+            let input = counting.input_tokens(&request);
+            let key = if messages_api || responses_api {
+                "input_tokens"
+            } else {
+                "prompt_tokens"
+            };
+            if let Some(usage) = body.get_mut("usage").and_then(Value::as_object_mut) {
+                usage.insert(key.into(), json!(input));
+            }
+        }
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
     }
     let include_usage = request

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Parser;
+use mock_upstream::window::Counting;
 use mock_upstream::{MockMode, MockOptions};
 
 #[derive(Parser)]
@@ -33,6 +34,10 @@ struct Cli {
     /// A context window (the mock's own token count) refused with the provider's error.
     #[arg(long)]
     window: Option<u64>,
+    /// Count input tokens with a real tokenizer (o200k, cl100k) instead of a quarter of the
+    /// JSON length, for the window and the usage reported.
+    #[arg(long, value_parser = |v: &str| Counting::parse(v).ok_or("o200k, cl100k or quarter"), default_value = "quarter")]
+    tokenizer: Counting,
     /// Agent mode: tool steps before the final answer.
     #[arg(long, default_value_t = 30)]
     agent_steps: u32,
@@ -64,6 +69,7 @@ fn main() -> std::process::ExitCode {
         validate: !cli.no_validate,
         record: cli.record,
         window: cli.window,
+        counting: cli.tokenizer,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -35,7 +35,76 @@ impl Style {
     }
 }
 
-/// The request's input tokens as the mock counts them.
+/// How the mock counts a request's input: a quarter of its JSON length by default, or with a
+/// real tokenizer (OpenAI's `o200k_base` or `cl100k_base`) as a model server does, each string
+/// of the request tokenized and each message framed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Counting {
+    #[default]
+    Quarter,
+    O200k,
+    Cl100k,
+}
+
+/// Tokens a chat template adds per message (role markers and separators), and once for the
+/// reply's priming, as OpenAI's cookbook counts them.
+const TEMPLATE_PER_MESSAGE: u64 = 4;
+const TEMPLATE_PRIMING: u64 = 3;
+
+impl Counting {
+    pub fn parse(value: &str) -> Option<Counting> {
+        match value {
+            "quarter" => Some(Counting::Quarter),
+            "o200k" | "o200k_base" => Some(Counting::O200k),
+            "cl100k" | "cl100k_base" => Some(Counting::Cl100k),
+            _ => None,
+        }
+    }
+
+    /// The request's input tokens.
+    pub fn input_tokens(self, request: &Value) -> u64 {
+        let tokenizer = match self {
+            Counting::Quarter => return input_tokens(request),
+            Counting::O200k => bpe_openai::o200k_base(),
+            Counting::Cl100k => bpe_openai::cl100k_base(),
+        };
+        let strings = |value: &Value| strings_tokens(value, tokenizer);
+        let mut total = TEMPLATE_PRIMING;
+        for key in ["messages", "input"] {
+            match request.get(key) {
+                Some(Value::Array(items)) => {
+                    for item in items {
+                        total += TEMPLATE_PER_MESSAGE + strings(item);
+                    }
+                }
+                Some(other) => total += TEMPLATE_PER_MESSAGE + strings(other),
+                None => {}
+            }
+        }
+        for key in ["system", "instructions"] {
+            if let Some(value) = request.get(key) {
+                total += TEMPLATE_PER_MESSAGE + strings(value);
+            }
+        }
+        if let Some(tools) = request.get("tools") {
+            total += tokenizer.count(tools.to_string().as_str()) as u64;
+        }
+        total
+    }
+}
+
+/// Tokens of every string and scalar in a value (keys are the template's, not counted).
+fn strings_tokens(value: &Value, tokenizer: &bpe_openai::Tokenizer) -> u64 {
+    match value {
+        Value::String(text) => tokenizer.count(text.as_str()) as u64,
+        Value::Array(items) => items.iter().map(|v| strings_tokens(v, tokenizer)).sum(),
+        Value::Object(members) => members.values().map(|v| strings_tokens(v, tokenizer)).sum(),
+        Value::Null => 0,
+        scalar => tokenizer.count(scalar.to_string().as_str()) as u64,
+    }
+}
+
+/// The request's input tokens as the mock counts them by default.
 pub fn input_tokens(request: &Value) -> u64 {
     let chars: usize = ["messages", "input", "system", "instructions", "tools"]
         .iter()
@@ -46,8 +115,13 @@ pub fn input_tokens(request: &Value) -> u64 {
 }
 
 /// The error for a request over `limit`, or None when it fits.
-pub fn check(request: &Value, limit: u64, style: Style) -> Option<(StatusCode, String)> {
-    let input = input_tokens(request);
+pub fn check(
+    request: &Value,
+    limit: u64,
+    style: Style,
+    counting: Counting,
+) -> Option<(StatusCode, String)> {
+    let input = counting.input_tokens(request);
     let output = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|key| request.get(key).and_then(Value::as_u64))

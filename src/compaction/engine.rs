@@ -12,9 +12,11 @@ use http::StatusCode;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::compaction::calibration::SampleClaim;
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
 use crate::compaction::front_ends::Api;
+use crate::compaction::front_ends::Parsed;
 use crate::compaction::offload::{CpuPool, Offloaded};
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::size_bound::provably_under;
@@ -84,6 +86,61 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether a request body asks for a streamed answer: a top-level `"stream": true` (a key
+/// inside a string has escaped quotes and never matches; one nested in a tool schema could,
+/// and only makes an over-window request refused rather than forwarded).
+fn declares_stream(body: &[u8]) -> bool {
+    memchr::memmem::find_iter(body, br#""stream""#).any(|at| {
+        let rest = body[at + 8..].trim_ascii_start();
+        rest.strip_prefix(b":")
+            .is_some_and(|rest| rest.trim_ascii_start().starts_with(b"true"))
+    })
+}
+
+/// A forwarded body whose upstream count will calibrate its model's estimate: the body is
+/// held (a shared reference, not a copy) until the response reports its usage, then counted
+/// by class on the planner's pool, off the response path.
+pub struct CalibrationSample {
+    inner: Arc<Inner>,
+    api: Api,
+    body: Bytes,
+    claim: SampleClaim,
+}
+
+impl CalibrationSample {
+    /// Learns from the upstream's count of the body's input tokens.
+    pub fn record(self, counted: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let CalibrationSample {
+                inner,
+                api,
+                body,
+                claim,
+            } = self;
+            let planner_inner = inner.clone();
+            let learned = inner
+                .pool
+                .run(body.len(), move || {
+                    let features = match api.front_end().parse(&body) {
+                        Ok(Parsed::Conversation(conversation)) => conversation.features(),
+                        _ => return None,
+                    };
+                    planner_inner
+                        .planner
+                        .windows
+                        .calibrate(claim, &features, counted)
+                })
+                .await;
+            if let Offloaded::Done(Some(learned)) = learned {
+                inner.metrics.calibration(learned);
+            }
+        });
+    }
 }
 
 /// The body to forward and what compaction did.
@@ -204,6 +261,24 @@ impl CompactionEngine {
         self.run(headers, body, upstream, caller, api, None).await
     }
 
+    /// The right to calibrate `model`'s count from the upstream's usage for this forwarded
+    /// body, when the model is due a sample and the body was counted.
+    pub fn calibration_sample(
+        &self,
+        api: Api,
+        model: &str,
+        compacted: &Compacted,
+    ) -> Option<CalibrationSample> {
+        compacted.outcome.token_counts()?;
+        let claim = self.inner.planner.windows.calibration_claim(model)?;
+        Some(CalibrationSample {
+            inner: self.inner.clone(),
+            api,
+            body: compacted.body.clone(),
+            claim,
+        })
+    }
+
     /// Compacts a request the upstream refused with a context-length error, for its one retry:
     /// as if over the trigger, under the window the error states (remembered for the model) or,
     /// when it states none, clearly under what was forwarded (`forwarded_tokens`, when counted).
@@ -291,10 +366,13 @@ impl CompactionEngine {
             }
             Offloaded::Done(Prepared::Summarize(job)) => {
                 let window = job.window;
-                (
-                    self.summarize(*job, headers, body, notice_mode).await,
-                    window,
-                )
+                let calibrated = job.token_model.calibration.is_some();
+                let result = self.summarize(*job, headers, body, notice_mode).await;
+                let result = result.map(|mut compacted| {
+                    compacted.outcome.calibrated = calibrated && compacted.outcome.counted;
+                    compacted
+                });
+                (result, window)
             }
             Offloaded::Busy => (
                 Ok(Compacted::original(body, Outcome::uncounted(Reason::Busy))),
@@ -345,15 +423,21 @@ impl CompactionEngine {
     ) -> Result<Compacted, CompactionRefused> {
         let compacted = result?;
         let tokens = compacted.outcome.token_counts().map(|(_, after)| after);
-        match (self.inner.planner.config.fail_mode, tokens, window) {
-            (FailMode::Closed, Some(tokens), Some(window)) if tokens >= window => {
-                Err(CompactionRefused {
-                    failure: CompactionFailure::ContextTooLarge { tokens, window },
-                    outcome: Box::new(compacted.outcome),
-                })
-            }
-            _ => Ok(compacted),
+        let (Some(tokens), Some(window)) = (tokens, window) else {
+            return Ok(compacted);
+        };
+        // An over-window stream is refused even when failing open once the count is
+        // calibrated: servers such as llama.cpp's answer one with 200 and an empty stream,
+        // which no retry can see, so forwarding it loses the request silently.
+        let refuse = self.inner.planner.config.fail_mode == FailMode::Closed
+            || (compacted.outcome.calibrated && declares_stream(&compacted.body));
+        if refuse && tokens >= window {
+            return Err(CompactionRefused {
+                failure: CompactionFailure::ContextTooLarge { tokens, window },
+                outcome: Box::new(compacted.outcome),
+            });
         }
+        Ok(compacted)
     }
 
     /// Starts the summary a forwarded request's conversation will need, in the background;

@@ -16,6 +16,7 @@
 //! `retry` (the one retry after it),
 //! `failure`, `outcome` and `reason` (what happened, and why).
 
+pub mod calibration;
 pub mod control;
 pub mod engine;
 pub mod failure;

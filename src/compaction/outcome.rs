@@ -57,6 +57,9 @@ pub struct Outcome {
     /// Whether the tokens were counted: a request skipped before its body was read (switched
     /// off, planner busy, under every trigger by its size alone) has no count to report.
     pub counted: bool,
+    /// Whether the count used the model's calibration (learned from its upstream's own
+    /// counts) rather than the configured ratio alone.
+    pub calibrated: bool,
     /// Tool outputs the `clear_tool_outputs` stage replaced with placeholders.
     pub outputs_cleared: usize,
     /// Messages the `truncate` stage dropped.
@@ -78,6 +81,7 @@ impl Outcome {
             headroom_unmet: false,
             reason,
             counted: true,
+            calibrated: false,
             outputs_cleared: 0,
             messages_dropped: 0,
             precompute_started: false,
@@ -115,6 +119,14 @@ impl Outcome {
         if let Some((before, after)) = self.token_counts() {
             headers.insert(headers::TOKENS_BEFORE, HeaderValue::from(before));
             headers.insert(headers::TOKENS_AFTER, HeaderValue::from(after));
+            headers.insert(
+                headers::TOKENS_COUNT,
+                HeaderValue::from_static(if self.calibrated {
+                    "calibrated"
+                } else {
+                    "estimate"
+                }),
+            );
         }
         if self.outputs_cleared > 0 {
             headers.insert(

@@ -334,7 +334,13 @@ impl Planner {
             }
             _ => None,
         };
-        self.decide(&context, plan, &mut lookup, ahead)
+        let mut prepared = self.decide(&context, plan, &mut lookup, ahead);
+        if let Prepared::Forward { outcome, .. } | Prepared::Rewritten { outcome, .. } =
+            &mut prepared
+        {
+            outcome.calibrated = outcome.counted && token_model.calibration.is_some();
+        }
+        prepared
     }
 
     /// The plan with the summaries on hand. The shared tier, when there is one, is asked before
@@ -397,6 +403,7 @@ impl Planner {
         });
         let reserve = conversation.output_reserve;
         let under_failed = (estimated as f64 * UNSTATED_LIMIT_SHARE) as u64;
+        let calibrated = token_model.calibration.is_some();
         let learned = learned_window(&reactive.overflow, estimated);
         if let Some(name) = conversation.model.as_deref() {
             match learned {
@@ -407,6 +414,7 @@ impl Planner {
                 None => self.windows.learn_at_most(name, under_failed),
             }
         }
+        let learned = learned.map(|window| window.in_estimate(calibrated));
         let usable = match learned.or(token_model.max_input_tokens) {
             Some(window) => window.saturating_sub(reserve).min(under_failed),
             None => under_failed,

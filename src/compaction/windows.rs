@@ -1,14 +1,16 @@
-//! Each model's context window: from the `models` table, lowered by what an upstream's
-//! context-length error taught (kept in memory, per model name, bounded).
+//! Each model's context window and how it counts: from the `models` table, the window lowered
+//! by what an upstream's context-length error taught, the count calibrated by what upstreams
+//! reported (both kept in memory, per model name, bounded).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use quick_cache::sync::Cache;
 
+use crate::compaction::calibration::{Calibrations, Learned as Calibrated, SampleClaim};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::size_bound::ModelBounds;
-use crate::compaction::planner::tokens::{ModelTable, TokenModel};
+use crate::compaction::planner::tokens::{ModelTable, TokenModel, Weights, FEATURES};
 use crate::config::ModelConfig;
 
 /// Model names whose learned window is remembered; past it the least used are forgotten.
@@ -22,10 +24,11 @@ pub struct Windows {
 
 /// What errors taught, kept across configuration reloads (they are facts about the upstreams).
 struct Learned {
-    /// Windows learned from errors, in the estimate's tokens.
-    windows: Cache<String, u64>,
+    /// Windows learned from errors.
+    windows: Cache<String, LearnedWindow>,
     /// The smallest window ever learned (`u64::MAX` for none): the size bound must respect it.
     smallest: AtomicU64,
+    calibrations: Calibrations,
 }
 
 impl Windows {
@@ -41,6 +44,7 @@ impl Windows {
             None => Arc::new(Learned {
                 windows: Cache::new(LEARNED_MODELS),
                 smallest: AtomicU64::new(u64::MAX),
+                calibrations: Calibrations::default(),
             }),
         };
         Windows {
@@ -50,10 +54,13 @@ impl Windows {
         }
     }
 
-    /// How `model` counts, with the smaller of its configured and learned windows.
+    /// How `model` counts (calibrated once its upstream has reported enough counts), with the
+    /// smaller of its configured and learned windows.
     pub fn token_model(&self, model: Option<&str>) -> TokenModel {
         let mut token_model = self.table.lookup(model);
+        token_model.calibration = model.and_then(|name| self.learned.calibrations.weights(name));
         if let Some(learned) = model.and_then(|name| self.learned.windows.get(name)) {
+            let learned = learned.in_estimate(token_model.calibration.is_some());
             token_model.max_input_tokens = Some(match token_model.max_input_tokens {
                 Some(configured) => configured.min(learned),
                 None => learned,
@@ -62,34 +69,79 @@ impl Windows {
         token_model
     }
 
-    /// The size bound's view of every model, learned windows included.
+    /// The size bound's view of every model, learned windows and calibrations included.
     pub fn bounds(&self) -> ModelBounds {
         let learned = self.learned.smallest.load(Ordering::Relaxed);
-        let mut bounds = self.bounds;
+        let (per_byte, per_message) = self.learned.calibrations.maxima();
+        let mut bounds = self.bounds.with_calibration(per_byte, per_message);
         if learned != u64::MAX {
             bounds.min_window = Some(bounds.min_window.map_or(learned, |w| w.min(learned)));
         }
         bounds
     }
 
-    /// Lowers the learned window of `model` to `window`, never raising it.
+    /// Lowers the learned window of `model` to `window` (in the estimate's tokens), never
+    /// raising it.
     pub fn learn_at_most(&self, model: &str, window: u64) {
         let lower = match self.learned.windows.get(model) {
-            Some(known) => known.min(window),
+            Some(known) => known.in_estimate(false).min(window),
             None => window,
         };
-        self.learn(model, lower);
+        self.learn(model, LearnedWindow::exact(lower));
     }
 
-    pub fn learn(&self, model: &str, window: u64) {
+    /// The right to calibrate `model` from the upstream's count of this request, when one is
+    /// due.
+    pub fn calibration_claim(&self, model: &str) -> Option<SampleClaim> {
+        let prior = Weights::prior(self.table.lookup(Some(model)).chars_per_token);
+        self.learned.calibrations.claim(model, prior)
+    }
+
+    pub fn calibrate(
+        &self,
+        claim: SampleClaim,
+        features: &[f64; FEATURES],
+        counted: u64,
+    ) -> Option<Calibrated> {
+        self.learned.calibrations.learn(claim, features, counted)
+    }
+
+    pub fn learn(&self, model: &str, window: LearnedWindow) {
         self.learned.windows.insert(model.to_string(), window);
-        self.learned.smallest.fetch_min(window, Ordering::Relaxed);
+        self.learned
+            .smallest
+            .fetch_min(window.in_estimate(false), Ordering::Relaxed);
     }
 }
 
-/// What an error teaches, in the estimate's tokens: its stated limit, scaled by how much our
-/// estimate undercounted the provider's count of the same input (never scaled up).
-pub fn learned_window(overflow: &Overflow, estimated_input: u64) -> Option<u64> {
+/// A window an upstream's error stated, and how much the estimate undercounted the same input
+/// then (estimate over the upstream's count, at most 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearnedWindow {
+    pub limit: u64,
+    pub scale: f64,
+}
+
+impl LearnedWindow {
+    fn exact(limit: u64) -> LearnedWindow {
+        LearnedWindow { limit, scale: 1.0 }
+    }
+
+    /// The window in the estimate's tokens: the stated limit once the model's count is
+    /// calibrated (it counts like the upstream), else scaled by the undercount seen with it, so
+    /// an uncalibrated estimate still stays under it. Kept apart, so a window learned before
+    /// calibration does not stay shrunk by an undercount calibration has since fixed.
+    pub fn in_estimate(&self, calibrated: bool) -> u64 {
+        if calibrated {
+            return self.limit;
+        }
+        ((self.limit as f64 * self.scale).floor() as u64).max(1)
+    }
+}
+
+/// What an error teaches: its stated limit, and how much our estimate undercounted the
+/// provider's count of the same input (never scaled up).
+pub fn learned_window(overflow: &Overflow, estimated_input: u64) -> Option<LearnedWindow> {
     let limit = overflow.limit?;
     let scale = match overflow.input {
         Some(counted) if counted > estimated_input && counted > 0 => {
@@ -97,7 +149,7 @@ pub fn learned_window(overflow: &Overflow, estimated_input: u64) -> Option<u64> 
         }
         _ => 1.0,
     };
-    Some(((limit as f64 * scale).floor() as u64).max(1))
+    Some(LearnedWindow { limit, scale })
 }
 
 #[cfg(test)]
@@ -115,8 +167,8 @@ mod tests {
             windows.token_model(Some("gpt-4o")).max_input_tokens,
             Some(128_000)
         );
-        windows.learn("gpt-4o", 8_000);
-        windows.learn("local", 4_000);
+        windows.learn("gpt-4o", LearnedWindow::exact(8_000));
+        windows.learn("local", LearnedWindow::exact(4_000));
         assert_eq!(
             windows.token_model(Some("gpt-4o")).max_input_tokens,
             Some(8_000)
@@ -135,8 +187,11 @@ mod tests {
             limit: Some(8_000),
             input: Some(10_000),
         };
-        assert_eq!(learned_window(&overflow, 5_000), Some(4_000));
-        assert_eq!(learned_window(&overflow, 12_000), Some(8_000));
+        let undercounted = learned_window(&overflow, 5_000).unwrap();
+        assert_eq!(undercounted.in_estimate(false), 4_000);
+        assert_eq!(undercounted.in_estimate(true), 8_000);
+        let overcounted = learned_window(&overflow, 12_000).unwrap();
+        assert_eq!(overcounted.in_estimate(false), 8_000);
         let no_limit = Overflow {
             limit: None,
             input: Some(10),

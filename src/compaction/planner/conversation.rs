@@ -12,9 +12,7 @@ use serde_json::value::RawValue;
 
 use crate::config::{SummaryPlacement, SummaryRole};
 
-use crate::compaction::planner::tokens::{
-    json_string_chars, CharCount, TokenModel, PER_MESSAGE_OVERHEAD,
-};
+use crate::compaction::planner::tokens::{json_string_chars, CharCount, TokenModel, FEATURES};
 
 /// A raw JSON value as it appears in the request (a slice of its bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,16 +315,30 @@ impl<'a> Conversation<'a> {
     /// Tokens of what is sent with every request besides the messages: tool and function
     /// schemas, and instructions.
     pub fn schema_tokens(&self, model: &TokenModel) -> u64 {
-        let chars = [self.tools, self.functions, self.instructions]
+        model.tokens(self.schema_chars())
+    }
+
+    fn schema_chars(&self) -> CharCount {
+        let mut chars = CharCount::default();
+        for raw in [self.tools, self.functions, self.instructions]
             .into_iter()
             .flatten()
             .filter(|raw| raw.get() != "null")
-            .map(|raw| raw.get().chars().count() as u64)
-            .sum();
-        model.tokens(CharCount {
-            narrow: chars,
-            wide: 0,
-        })
+        {
+            chars.add(CharCount::of_str(raw.get()));
+        }
+        chars
+    }
+
+    /// What the estimate counts of the whole request, as calibration's features: every
+    /// message's characters and framing, and the schemas. Images are left out (flat counts,
+    /// not text).
+    pub fn features(&self) -> [f64; FEATURES] {
+        let mut chars = self.schema_chars();
+        for message in &self.messages {
+            chars.add(message.chars().0);
+        }
+        chars.features(self.messages.len() as u64)
     }
 
     /// Estimated tokens of each message.
@@ -473,6 +485,12 @@ impl<'a> Message<'a> {
 
     /// The estimate of DESIGN.md §2.1 for this message.
     pub fn tokens(&self, model: &TokenModel) -> u64 {
+        let (chars, images) = self.chars();
+        model.tokens(chars) + images * model.image_tokens + model.message_overhead()
+    }
+
+    /// The characters this message is counted by, and its image parts.
+    fn chars(&self) -> (CharCount, u64) {
         let mut chars = CharCount::of_str(&self.role_text);
         if let Some(name) = &self.name {
             chars.add(CharCount::of_str(name));
@@ -493,7 +511,7 @@ impl<'a> Message<'a> {
         if let Some(id) = &self.tool_call_id {
             chars.add(CharCount::of_str(id));
         }
-        model.tokens(chars) + images * model.image_tokens + PER_MESSAGE_OVERHEAD
+        (chars, images)
     }
 
     /// Whether this is a user or instruction message whose text begins with one of

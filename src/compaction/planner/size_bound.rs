@@ -26,6 +26,10 @@ pub struct ModelBounds {
     pub max_image_tokens: u64,
     /// None: no model has a known window, so `fraction` triggers never apply.
     pub min_window: Option<u64>,
+    /// The most tokens a byte costs under any calibrated model's weights (0: none calibrated).
+    pub max_calibrated_per_byte: f64,
+    /// The most tokens a message's framing costs under any calibrated model's weights.
+    pub max_message_overhead: u64,
 }
 
 impl ModelBounds {
@@ -38,6 +42,17 @@ impl ModelBounds {
                 .fold(f64::INFINITY, f64::min),
             max_image_tokens: models.iter().map(|m| m.image_tokens).max().unwrap_or(0),
             min_window: models.iter().filter_map(|m| m.max_input_tokens).min(),
+            max_calibrated_per_byte: 0.0,
+            max_message_overhead: PER_MESSAGE_OVERHEAD,
+        }
+    }
+
+    /// These bounds, allowing for what calibration has learned.
+    pub fn with_calibration(self, max_per_byte: f64, max_per_message: u64) -> ModelBounds {
+        ModelBounds {
+            max_calibrated_per_byte: self.max_calibrated_per_byte.max(max_per_byte),
+            max_message_overhead: self.max_message_overhead.max(max_per_message),
+            ..self
         }
     }
 }
@@ -78,11 +93,13 @@ pub fn provably_under(
     // way an ASCII body holds one).
     let bytes_per_wide = if body.is_ascii() { 6.0 } else { 3.0 };
     let divisor = models.min_chars_per_token.min(bytes_per_wide);
-    let text_tokens = (body.len() as f64 / divisor).ceil();
+    let text_tokens = (body.len() as f64 / divisor)
+        .max(body.len() as f64 * models.max_calibrated_per_byte)
+        .ceil();
     // The tools schema is counted (and rounded up) once more, apart from the messages.
     let tokens = text_tokens
         + (images * models.max_image_tokens) as f64
-        + (roles * (PER_MESSAGE_OVERHEAD + 1)) as f64
+        + (roles * (models.max_message_overhead + 1)) as f64
         + 1.0;
     // The model's window is a trigger too (a `fraction` of 1).
     let window = ContextSize::Fraction(1.0);

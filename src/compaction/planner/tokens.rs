@@ -2,6 +2,12 @@
 //! where chars = role + name + text parts + `tool_calls` JSON + `tool_call_id`; image parts a
 //! flat 85 (configurable); CJK and other wide characters one token each; plus the request's
 //! `tools` schemas. Counting works on the raw JSON text, so no message content is copied.
+//!
+//! Characters are counted by class (letters, digits, punctuation, spaces, other narrow, wide,
+//! plus word starts and the tail of long runs) because tokenizers treat them very differently:
+//! prose runs 5 characters a token, code and JSON 3, CJK 1 or less. Uncalibrated, every narrow
+//! class costs `1 / cpt` as above; once a model's upstream has reported its own counts, each
+//! class has the weight learned from them (see [`crate::compaction::calibration`]).
 
 use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 use wildmatch::WildMatch;
@@ -14,12 +20,64 @@ pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
 pub const CLAUDE_CHARS_PER_TOKEN: f64 = 3.3;
 pub const DEFAULT_IMAGE_TOKENS: u64 = 85;
 
+/// Alphanumeric characters of a run past this many count as `dense` too: identifiers, hashes
+/// and base64 split into many more tokens than words of the same length.
+const DENSE_AFTER: u32 = 12;
+
+/// The estimate's features, in the order of [`Weights`]: the character classes, then messages.
+pub const FEATURES: usize = 9;
+
+/// Tokens per unit of each feature: letters, digits, punctuation, spaces, other narrow, wide,
+/// words, dense, and per message.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights(pub [f64; FEATURES]);
+
+impl Weights {
+    pub const MESSAGE: usize = 8;
+
+    /// What a configured chars-per-token ratio says: every narrow character `1 / cpt`, a wide
+    /// one 1, the message framing [`PER_MESSAGE_OVERHEAD`].
+    pub fn prior(chars_per_token: f64) -> Weights {
+        let narrow = 1.0 / chars_per_token;
+        Weights([
+            narrow,
+            narrow,
+            narrow,
+            narrow,
+            narrow,
+            1.0,
+            0.0,
+            0.0,
+            PER_MESSAGE_OVERHEAD as f64,
+        ])
+    }
+
+    pub fn of(&self, features: &[f64; FEATURES]) -> f64 {
+        self.0.iter().zip(features).map(|(w, x)| w * x).sum()
+    }
+
+    /// The most tokens one byte of raw JSON can cost (a counted character is at least one byte,
+    /// a wide one three), for the size bound.
+    pub fn max_tokens_per_byte(&self) -> f64 {
+        let [letters, digits, punct, spaces, other, wide, words, dense, _] = self.0;
+        let alnum = letters.max(digits) + words + dense;
+        alnum
+            .max(punct)
+            .max(spaces)
+            .max(other / 2.0)
+            .max(wide / 3.0)
+    }
+}
+
 /// How one model's text turns into tokens, and its window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenModel {
     pub chars_per_token: f64,
     pub image_tokens: u64,
     pub max_input_tokens: Option<u64>,
+    /// Learned from the upstream's own counts of this model's requests; None: the configured
+    /// ratio alone.
+    pub calibration: Option<Weights>,
 }
 
 impl Default for TokenModel {
@@ -28,6 +86,7 @@ impl Default for TokenModel {
             chars_per_token: DEFAULT_CHARS_PER_TOKEN,
             image_tokens: DEFAULT_IMAGE_TOKENS,
             max_input_tokens: None,
+            calibration: None,
         }
     }
 }
@@ -59,6 +118,7 @@ impl ModelTable {
             chars_per_token: entry.chars_per_token.unwrap_or(CLAUDE_CHARS_PER_TOKEN),
             image_tokens: entry.image_tokens.unwrap_or(DEFAULT_IMAGE_TOKENS),
             max_input_tokens: entry.max_input_tokens,
+            calibration: None,
         });
         builtins.into_iter().chain(entries).collect()
     }
@@ -75,6 +135,7 @@ impl ModelTable {
                 chars_per_token: entry.chars_per_token.unwrap_or(builtin_cpt),
                 image_tokens: entry.image_tokens.unwrap_or(DEFAULT_IMAGE_TOKENS),
                 max_input_tokens: entry.max_input_tokens,
+                calibration: None,
             },
             None => TokenModel {
                 chars_per_token: builtin_cpt,
@@ -84,48 +145,187 @@ impl ModelTable {
     }
 }
 
-/// Characters of some text, split into narrow ones (divided by chars-per-token) and wide ones
-/// (one token each).
+/// Characters of some text by class. `words` counts runs of ASCII letters and digits, `dense`
+/// their characters past the [`DENSE_AFTER`]th: both overlap the classes they were counted in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CharCount {
-    pub narrow: u64,
+    pub letters: u64,
+    pub digits: u64,
+    pub punct: u64,
+    pub spaces: u64,
+    /// Narrow characters outside ASCII (accented Latin, Cyrillic, emoji…).
+    pub other: u64,
     pub wide: u64,
+    pub words: u64,
+    pub dense: u64,
 }
 
 impl CharCount {
     pub fn add(&mut self, other: CharCount) {
-        self.narrow += other.narrow;
+        self.letters += other.letters;
+        self.digits += other.digits;
+        self.punct += other.punct;
+        self.spaces += other.spaces;
+        self.other += other.other;
         self.wide += other.wide;
+        self.words += other.words;
+        self.dense += other.dense;
+    }
+
+    /// Every character that is not wide.
+    pub fn narrow(&self) -> u64 {
+        self.letters + self.digits + self.punct + self.spaces + self.other
+    }
+
+    /// `n` characters of markup (frame tags and the like), counted as punctuation.
+    pub fn markup(n: u64) -> CharCount {
+        CharCount {
+            punct: n,
+            ..CharCount::default()
+        }
     }
 
     pub fn of_str(text: &str) -> CharCount {
+        let mut counter = Counter::default();
         if text.is_ascii() {
-            return CharCount {
-                narrow: text.len() as u64,
-                wide: 0,
-            };
+            counter.ascii(text.as_bytes());
+        } else {
+            for c in text.chars() {
+                counter.push(c);
+            }
         }
-        let mut count = CharCount::default();
-        for c in text.chars() {
-            count.push(c);
+        counter.count
+    }
+
+    /// The features [`Weights`] apply to, for text framed as `messages` messages.
+    pub fn features(&self, messages: u64) -> [f64; FEATURES] {
+        [
+            self.letters as f64,
+            self.digits as f64,
+            self.punct as f64,
+            self.spaces as f64,
+            self.other as f64,
+            self.wide as f64,
+            self.words as f64,
+            self.dense as f64,
+            messages as f64,
+        ]
+    }
+}
+
+/// ASCII byte classes: letter, digit, punctuation, space (controls count as spaces).
+const LETTER: u8 = 0;
+const DIGIT: u8 = 1;
+const PUNCT: u8 = 2;
+const SPACE: u8 = 3;
+
+static ASCII_CLASS: [u8; 128] = {
+    let mut table = [SPACE; 128];
+    let mut b = 0;
+    while b < 128 {
+        table[b] = match b as u8 {
+            b'a'..=b'z' | b'A'..=b'Z' => LETTER,
+            b'0'..=b'9' => DIGIT,
+            0x21..=0x7E => PUNCT,
+            _ => SPACE,
+        };
+        b += 1;
+    }
+    table
+};
+
+/// Counts characters one at a time, remembering the alphanumeric run it is in.
+#[derive(Default)]
+struct Counter {
+    count: CharCount,
+    run: u32,
+}
+
+impl Counter {
+    fn ascii(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.ascii_byte(b);
         }
-        count
+    }
+
+    #[inline]
+    fn ascii_byte(&mut self, b: u8) {
+        let class = ASCII_CLASS[(b & 0x7F) as usize];
+        if class <= DIGIT {
+            if self.run == 0 {
+                self.count.words += 1;
+            }
+            self.run += 1;
+            if self.run > DENSE_AFTER {
+                self.count.dense += 1;
+            }
+            if class == LETTER {
+                self.count.letters += 1;
+            } else {
+                self.count.digits += 1;
+            }
+            return;
+        }
+        self.run = 0;
+        if class == PUNCT {
+            self.count.punct += 1;
+        } else {
+            self.count.spaces += 1;
+        }
     }
 
     fn push(&mut self, c: char) {
+        if c.is_ascii() {
+            self.ascii_byte(c as u8);
+            return;
+        }
+        self.run = 0;
         if is_wide(c) {
-            self.wide += 1;
+            self.count.wide += 1;
         } else {
-            self.narrow += 1;
+            self.count.other += 1;
         }
     }
 }
 
 impl TokenModel {
-    /// `ceil(narrow / cpt) + wide`.
+    /// `ceil(narrow / cpt) + wide`, or the calibrated weights' sum.
     pub fn tokens(&self, chars: CharCount) -> u64 {
-        let narrow = (chars.narrow as f64 / self.chars_per_token).ceil() as u64;
-        narrow + chars.wide
+        match &self.calibration {
+            Some(weights) => weights.of(&chars.features(0)).max(0.0).ceil() as u64,
+            None => {
+                let narrow = (chars.narrow() as f64 / self.chars_per_token).ceil() as u64;
+                narrow + chars.wide
+            }
+        }
+    }
+
+    /// Tokens of a message's framing (role markers, separators).
+    pub fn message_overhead(&self) -> u64 {
+        self.calibration.map_or(PER_MESSAGE_OVERHEAD, |w| {
+            w.0[Weights::MESSAGE].round() as u64
+        })
+    }
+
+    /// About what one character costs, for cutting text to a budget.
+    pub fn char_cost(&self, c: char) -> f64 {
+        let Some(Weights([letters, digits, punct, spaces, other, wide, words, ..])) =
+            self.calibration
+        else {
+            return if is_wide(c) {
+                1.0
+            } else {
+                1.0 / self.chars_per_token
+            };
+        };
+        match c {
+            'a'..='z' | 'A'..='Z' => letters + words / 5.0,
+            '0'..='9' => digits + words / 5.0,
+            c if c.is_ascii_whitespace() || c.is_ascii_control() => spaces,
+            c if c.is_ascii() => punct,
+            c if is_wide(c) => wide,
+            _ => other,
+        }
     }
 }
 
@@ -156,14 +356,13 @@ pub fn json_string_chars(raw: &str) -> CharCount {
         .and_then(|s| s.strip_suffix('"'))
         .unwrap_or(raw);
     let bytes = inner.as_bytes();
-    let mut count = CharCount::default();
+    let mut counter = Counter::default();
     let mut i = 0;
-    // Fast path: runs of plain ASCII are counted in bulk.
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'\\' {
             let (escaped, used) = decode_escape(inner, i);
-            count.push(match escaped {
+            counter.push(match escaped {
                 Escaped::Char(c) => c,
                 Escaped::LoneSurrogate(_) => '?',
             });
@@ -171,18 +370,18 @@ pub fn json_string_chars(raw: &str) -> CharCount {
         } else if b < 0x80 {
             let start = i;
             i = plain_ascii_run_end(bytes, i);
-            count.narrow += (i - start) as u64;
+            counter.ascii(&bytes[start..i]);
         } else {
             let width = utf8_width(b);
             let c = inner
                 .get(i..i + width)
                 .and_then(|s| s.chars().next())
                 .unwrap_or('?');
-            count.push(c);
+            counter.push(c);
             i += width.max(1);
         }
     }
-    count
+    counter.count
 }
 
 /// End of the run of ASCII bytes other than `\\` starting at `start`, eight bytes at a time.
@@ -222,37 +421,58 @@ mod tests {
 
     #[test]
     fn json_string_chars_decodes_escapes_without_copying() {
-        assert_eq!(
-            json_string_chars(r#""Hello""#),
-            CharCount { narrow: 5, wide: 0 }
-        );
-        assert_eq!(
-            json_string_chars(r#""a\nb\"c""#),
-            CharCount { narrow: 5, wide: 0 }
-        );
-        assert_eq!(
-            json_string_chars(r#""\u4f60\u597d""#),
-            CharCount { narrow: 0, wide: 2 }
-        );
-        assert_eq!(
-            json_string_chars("\"你好x\""),
-            CharCount { narrow: 1, wide: 2 }
-        );
-        assert_eq!(
-            json_string_chars(r#""\ud83d\ude00""#),
-            CharCount { narrow: 1, wide: 0 }
-        );
-        assert_eq!(
-            json_string_chars("\"é😀\""),
-            CharCount { narrow: 2, wide: 0 }
-        );
+        let narrow_wide = |raw: &str| {
+            let count = json_string_chars(raw);
+            (count.narrow(), count.wide)
+        };
+        assert_eq!(narrow_wide(r#""Hello""#), (5, 0));
+        assert_eq!(narrow_wide(r#""a\nb\"c""#), (5, 0));
+        assert_eq!(narrow_wide(r#""\u4f60\u597d""#), (0, 2));
+        assert_eq!(narrow_wide("\"你好x\""), (1, 2));
+        assert_eq!(narrow_wide(r#""\ud83d\ude00""#), (1, 0));
+        assert_eq!(narrow_wide("\"é😀\""), (2, 0));
         assert_eq!(json_string_chars(r#""""#), CharCount::default());
         // A lone surrogate of either half is one character, as the digest and the transcript
         // read it.
+        assert_eq!(narrow_wide(r#""\ude00x\ud83d""#), (3, 0));
+    }
+
+    #[test]
+    fn characters_are_counted_by_class() {
+        let count = CharCount::of_str("Hello, world 42\n0123456789abcdefXYZ é你");
         assert_eq!(
-            json_string_chars(r#""\ude00x\ud83d""#),
-            CharCount { narrow: 3, wide: 0 }
+            count,
+            CharCount {
+                letters: 10 + 9,
+                digits: 2 + 10,
+                punct: 1,
+                spaces: 4,
+                other: 1,
+                wide: 1,
+                words: 4,
+                dense: 19 - 12,
+            }
         );
+        let raw = serde_json::to_string("Hello, world 42\n0123456789abcdefXYZ é你").unwrap();
+        assert_eq!(json_string_chars(&raw), count);
+    }
+
+    #[test]
+    fn calibrated_weights_replace_the_ratio() {
+        let chars = CharCount::of_str("日本語 text");
+        let plain = TokenModel::default();
+        assert_eq!(plain.tokens(chars), 2 + 3);
+        assert_eq!(plain.message_overhead(), PER_MESSAGE_OVERHEAD);
+        let mut weights = Weights::prior(4.0);
+        weights.0[5] = 2.0;
+        weights.0[Weights::MESSAGE] = 7.0;
+        let calibrated = TokenModel {
+            calibration: Some(weights),
+            ..TokenModel::default()
+        };
+        assert_eq!(calibrated.tokens(chars), 2 + 6);
+        assert_eq!(calibrated.message_overhead(), 7);
+        assert_eq!(calibrated.char_cost('日'), 2.0);
     }
 
     #[test]
