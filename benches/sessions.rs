@@ -10,7 +10,9 @@ use bytes::Bytes;
 use compactor::compaction::engine::CompactionEngine;
 use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
-use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::compaction::summaries::summarizer::{
+    Summarizer, Summary, SummaryFuture, SummaryRequest,
+};
 use compactor::compaction::OutcomeKind;
 use compactor::config::Config;
 use http::HeaderMap;
@@ -31,7 +33,7 @@ impl Summarizer for Counting {
         let narrow = request.prompt.chars().count() as u64 - wide;
         self.input_tokens
             .fetch_add(narrow / 4 + wide, Ordering::Relaxed);
-        Box::pin(async { Ok("The session so far, in short. ".repeat(130)) })
+        Box::pin(async { Ok(Summary::from("The session so far, in short. ".repeat(130))) })
     }
 }
 

@@ -432,7 +432,10 @@ fn calibration_sample(
     model: Option<&str>,
 ) -> Option<crate::compaction::engine::CalibrationSample> {
     let (engine, api) = engine?;
-    engine.calibration_sample(api, model?, compacted?)
+    let compacted = compacted?;
+    // Routing skims the model only when it needs it; the sample checks the guess on parsing.
+    let model = model.or_else(|| model_hint(&compacted.body))?;
+    engine.calibration_sample(api, model, compacted)
 }
 
 /// The upstream's response, with what compaction did in its headers and the log.

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quick_cache::sync::Cache;
+use tokio::sync::watch;
 
 use crate::compaction::planner::tokens::{Weights, FEATURES};
 
@@ -48,6 +49,8 @@ pub struct Calibrations {
     max_per_byte: AtomicU64,
     /// The most tokens a message's framing costs under any weights learned so far.
     max_per_message: AtomicU64,
+    /// Samples claimed and not yet learned from or given up.
+    pending: Arc<watch::Sender<usize>>,
 }
 
 /// What one sample did.
@@ -73,11 +76,13 @@ struct Fit {
 /// next request.
 pub struct SampleClaim {
     fit: Arc<Mutex<Fit>>,
+    pending: Arc<watch::Sender<usize>>,
 }
 
 impl Drop for SampleClaim {
     fn drop(&mut self) {
         lock(&self.fit).sampling = false;
+        self.pending.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -87,6 +92,7 @@ impl Default for Calibrations {
             fits: Cache::new(CALIBRATED_MODELS),
             max_per_byte: AtomicU64::new(0f64.to_bits()),
             max_per_message: AtomicU64::new(0),
+            pending: Arc::new(watch::channel(0).0),
         }
     }
 }
@@ -118,7 +124,17 @@ impl Calibrations {
             }
             state.sampling = true;
         }
-        Some(SampleClaim { fit })
+        self.pending.send_modify(|n| *n += 1);
+        Some(SampleClaim {
+            fit,
+            pending: self.pending.clone(),
+        })
+    }
+
+    /// Waits until every sample claimed so far has been learned from or given up.
+    pub async fn idle(&self) {
+        let mut pending = self.pending.subscribe();
+        let _ = pending.wait_for(|n| *n == 0).await;
     }
 
     /// Learns from the upstream's count `counted` of a body with these features.

@@ -20,9 +20,9 @@ use crate::compaction::front_ends::Parsed;
 use crate::compaction::offload::{CpuPool, Offloaded};
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::size_bound::provably_under;
-use crate::compaction::planner::tokens::TokenModel;
+use crate::compaction::planner::tokens::{CharCount, TokenModel};
 use crate::compaction::prepare::{
-    summary_tokens, Ask, Fallback, Job, Next, Planner, Prepared, Reactive,
+    summary_tokens, Ask, Fallback, Job, Next, Planner, Prepared, Reactive, UNSTATED_LIMIT_SHARE,
 };
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
@@ -35,6 +35,7 @@ use crate::compaction::summaries::summarizer::{
 };
 use crate::compaction::summaries::summary_input;
 use crate::compaction::summaries::vet::{vet, Unusable};
+use crate::compaction::windows::learned_window;
 use crate::compaction::{CacheUse, Outcome, OutcomeKind};
 use crate::config::{Config, FailMode, NoticeMode};
 use crate::headers;
@@ -105,6 +106,7 @@ fn declares_stream(body: &[u8]) -> bool {
 pub struct CalibrationSample {
     inner: Arc<Inner>,
     api: Api,
+    model: String,
     body: Bytes,
     claim: SampleClaim,
 }
@@ -119,6 +121,7 @@ impl CalibrationSample {
             let CalibrationSample {
                 inner,
                 api,
+                model,
                 body,
                 claim,
             } = self;
@@ -127,7 +130,11 @@ impl CalibrationSample {
                 .pool
                 .run(body.len(), move || {
                     let features = match api.front_end().parse(&body) {
-                        Ok(Parsed::Conversation(conversation)) => conversation.features(),
+                        Ok(Parsed::Conversation(conversation))
+                            if conversation.model.as_deref() == Some(model.as_str()) =>
+                        {
+                            conversation.features()?
+                        }
                         _ => return None,
                     };
                     planner_inner
@@ -248,6 +255,12 @@ impl CompactionEngine {
         let _ = running.wait_for(|n| *n == 0).await;
     }
 
+    /// Waits until every calibration sample taken so far has been learned from (for tests: a
+    /// sample is claimed before its response is sent, so one answered is waited for).
+    pub async fn calibrations_idle(&self) {
+        self.inner.planner.windows.calibrations_idle().await;
+    }
+
     /// Compacts one chat-completions, Responses or Messages body from `caller` addressed to
     /// `upstream` (by name).
     pub async fn compact(
@@ -258,22 +271,35 @@ impl CompactionEngine {
         caller: Caller<'_>,
         api: Api,
     ) -> Result<Compacted, CompactionRefused> {
-        self.run(headers, body, upstream, caller, api, None).await
+        let first = self.run(headers, body, upstream, caller, api, None).await?;
+        if first.outcome.reason != Reason::SummarizerContextTooLong {
+            return Ok(first);
+        }
+        // The summarizer's window is learned now: planned again, the calls are cut to it.
+        self.run(headers, first.body, upstream, caller, api, None)
+            .await
     }
 
     /// The right to calibrate `model`'s count from the upstream's usage for this forwarded
-    /// body, when the model is due a sample and the body was counted.
+    /// body, when the model is due a sample.
     pub fn calibration_sample(
         &self,
         api: Api,
         model: &str,
         compacted: &Compacted,
     ) -> Option<CalibrationSample> {
-        compacted.outcome.token_counts()?;
+        // Bodies under every trigger by their size alone are sampled too (the parse is off
+        // the response path): they are most of the traffic, and calibrate the count before a
+        // conversation nears its trigger. Bodies left alone are not: their upstream count
+        // includes what the body does not hold (a stored conversation, a previous response).
+        if !compacted.outcome.counted && compacted.outcome.reason != Reason::UnderTriggerBySize {
+            return None;
+        }
         let claim = self.inner.planner.windows.calibration_claim(model)?;
         Some(CalibrationSample {
             inner: self.inner.clone(),
             api,
+            model: model.to_string(),
             body: compacted.body.clone(),
             claim,
         })
@@ -716,8 +742,13 @@ impl Inner {
             Ok(result) => result,
             Err(_) => Err(CompactionFailure::Summarizer(SummaryError::Timeout(bound))),
         };
-        // Only the summarizer's own failures count towards the breaker.
-        let summarizer_failed = matches!(result, Err(CompactionFailure::Summarizer(_)));
+        // Only the summarizer's own failures count towards the breaker: a prompt its model
+        // found too long is compactor's sizing, now corrected, not an outage.
+        let summarizer_failed = matches!(
+            &result,
+            Err(CompactionFailure::Summarizer(error))
+                if !matches!(error, SummaryError::ContextTooLong(_))
+        );
         self.budget
             .record(&ticket, !summarizer_failed, Instant::now());
         match &result {
@@ -752,7 +783,12 @@ impl Inner {
                 chunk,
             );
             let started = Instant::now();
-            let text = self
+            let windows = &self.planner.windows;
+            let chars = CharCount::of_str(&prompt);
+            let features = chars.features(1);
+            let summarizer_model = windows.token_model(Some(&call.model));
+            let estimated = summarizer_model.tokens(chars) + summarizer_model.message_overhead();
+            let answer = self
                 .summarizer
                 .summarize(SummaryRequest {
                     call: call.clone(),
@@ -760,8 +796,34 @@ impl Inner {
                 })
                 .await;
             self.metrics
-                .summarizer_call(text.is_ok(), started.elapsed());
-            let vetted = vet(&text?, &instructions).map_err(|unusable| match unusable {
+                .summarizer_call(answer.is_ok(), started.elapsed());
+            let summary = match answer {
+                Ok(summary) => summary,
+                Err(SummaryError::ContextTooLong(overflow)) => {
+                    // Its next calls are cut to the window it stated (or under what failed).
+                    match learned_window(&overflow, estimated) {
+                        Some(window) => windows.learn(&call.model, window),
+                        None => windows.learn_at_most(
+                            &call.model,
+                            (estimated as f64 * UNSTATED_LIMIT_SHARE) as u64,
+                        ),
+                    }
+                    return Err(CompactionFailure::Summarizer(SummaryError::ContextTooLong(
+                        overflow,
+                    )));
+                }
+                Err(error) => return Err(CompactionFailure::Summarizer(error)),
+            };
+            // The summarizer's count of its own prompt calibrates its model's count, which
+            // sizes its next calls.
+            if let (Some(counted), Some(claim)) =
+                (summary.input_tokens, windows.calibration_claim(&call.model))
+            {
+                if let Some(learned) = windows.calibrate(claim, &features, counted) {
+                    self.metrics.calibration(learned);
+                }
+            }
+            let vetted = vet(&summary.text, &instructions).map_err(|unusable| match unusable {
                 Unusable::Empty => CompactionFailure::Summarizer(SummaryError::Blank),
                 Unusable::EchoesPrompt => CompactionFailure::EchoedPrompt,
             })?;

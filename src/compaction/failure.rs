@@ -30,10 +30,11 @@ pub enum CompactionFailure {
 
 impl CompactionFailure {
     /// Every reason [`Self::reason`] can return, so metrics can start each at zero.
-    pub const REASONS: [Reason; 12] = [
+    pub const REASONS: [Reason; 13] = [
         Reason::SummarizerNoUpstream,
         Reason::SummarizerUnreachable,
         Reason::SummarizerHttpError,
+        Reason::SummarizerContextTooLong,
         Reason::SummarizerTimeout,
         Reason::SummarizerBlank,
         Reason::SummaryNotSmaller,
@@ -54,6 +55,9 @@ impl CompactionFailure {
                 Reason::SummarizerUnreachable
             }
             CompactionFailure::Summarizer(SummaryError::Status(_)) => Reason::SummarizerHttpError,
+            CompactionFailure::Summarizer(SummaryError::ContextTooLong(_)) => {
+                Reason::SummarizerContextTooLong
+            }
             CompactionFailure::Summarizer(SummaryError::Timeout(_)) => Reason::SummarizerTimeout,
             CompactionFailure::Summarizer(SummaryError::Blank) => Reason::SummarizerBlank,
             CompactionFailure::NotSmaller => Reason::SummaryNotSmaller,
@@ -76,6 +80,7 @@ impl CompactionFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::overflow::Overflow;
     use std::time::Duration;
 
     #[test]
@@ -84,6 +89,10 @@ mod tests {
             CompactionFailure::Summarizer(SummaryError::NoUpstream("x".into())),
             CompactionFailure::Summarizer(SummaryError::Transport("x".into())),
             CompactionFailure::Summarizer(SummaryError::Status(500)),
+            CompactionFailure::Summarizer(SummaryError::ContextTooLong(Overflow {
+                limit: Some(8),
+                input: None,
+            })),
             CompactionFailure::Summarizer(SummaryError::Timeout(Duration::ZERO)),
             CompactionFailure::Summarizer(SummaryError::Blank),
             CompactionFailure::NotSmaller,

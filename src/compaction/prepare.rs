@@ -34,7 +34,7 @@ const MIN_CALL_BUDGET_TOKENS: u64 = 1024;
 /// A summarizer model with no `models` entry: a call that fits a 32k window.
 const UNKNOWN_WINDOW_CALL_BUDGET_TOKENS: u64 = 24_000;
 /// A retry after a context-length error that states no limit aims this far under what failed.
-const UNSTATED_LIMIT_SHARE: f64 = 0.9;
+pub(super) const UNSTATED_LIMIT_SHARE: f64 = 0.9;
 
 /// What the CPU part decided.
 pub(super) enum Prepared {
@@ -706,7 +706,9 @@ impl Planner {
                 budget: self.call_budget(&context.model),
                 oversize: self.config.oversize,
                 max_calls: self.config.max_summarizer_calls,
-                model: context.token_model,
+                // Each call is sized in the summarizer model's own count (calibrated by its
+                // replies, its window learned from its errors).
+                model: self.windows.token_model(Some(&context.model)),
             },
         );
         Ok(Job {

@@ -51,6 +51,8 @@ pub enum Reason {
     SummarizerNoUpstream,
     SummarizerUnreachable,
     SummarizerHttpError,
+    /// The summarizer's own model refused the call's prompt for its length.
+    SummarizerContextTooLong,
     SummarizerTimeout,
     SummarizerBlank,
     SummaryNotSmaller,
@@ -96,6 +98,7 @@ impl Reason {
             Reason::SummarizerNoUpstream => "summarizer_no_upstream",
             Reason::SummarizerUnreachable => "summarizer_unreachable",
             Reason::SummarizerHttpError => "summarizer_http_error",
+            Reason::SummarizerContextTooLong => "summarizer_context_too_long",
             Reason::SummarizerTimeout => "summarizer_timeout",
             Reason::SummarizerBlank => "summarizer_blank",
             Reason::SummaryNotSmaller => "summary_not_smaller",

@@ -106,6 +106,11 @@ impl Windows {
         self.learned.calibrations.learn(claim, features, counted)
     }
 
+    /// Waits until every calibration sample claimed so far is learned from or given up.
+    pub async fn calibrations_idle(&self) {
+        self.learned.calibrations.idle().await;
+    }
+
     pub fn learn(&self, model: &str, window: LearnedWindow) {
         self.learned.windows.insert(model.to_string(), window);
         self.learned

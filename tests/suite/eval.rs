@@ -15,7 +15,9 @@ use bytes::Bytes;
 use compactor::compaction::engine::CompactionEngine;
 use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
-use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::compaction::summaries::summarizer::{
+    Summarizer, Summary, SummaryFuture, SummaryRequest,
+};
 use compactor::config::Config;
 use http::HeaderMap;
 use serde_json::{json, Value};
@@ -157,7 +159,11 @@ impl Summarizer for Recording {
         if let Ok(mut prompts) = self.prompts.lock() {
             prompts.push(request.prompt);
         }
-        Box::pin(async { Ok("The agent is fixing the service.".to_string()) })
+        Box::pin(async {
+            Ok(Summary::from(
+                "The agent is fixing the service.".to_string(),
+            ))
+        })
     }
 }
 

@@ -6,6 +6,7 @@ mod common;
 mod architecture;
 mod binary;
 mod compaction;
+mod counting;
 mod eval;
 mod front_ends;
 mod gateway;

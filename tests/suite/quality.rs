@@ -9,7 +9,9 @@ use crate::common::*;
 use compactor::compaction::engine::{Compacted, CompactionEngine};
 use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
-use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::compaction::summaries::summarizer::{
+    Summarizer, Summary, SummaryFuture, SummaryRequest,
+};
 use http::StatusCode;
 use mock_upstream::MockFault;
 use serde_json::{json, Value};
@@ -311,7 +313,7 @@ impl Summarizer for Scripted {
     fn summarize(&self, request: SummaryRequest) -> SummaryFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let text = (self.answer)(&request.prompt);
-        Box::pin(async move { Ok(text) })
+        Box::pin(async move { Ok(Summary::from(text)) })
     }
 }
 

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use compactor::compaction::engine::CompactionEngine;
 use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
-use compactor::compaction::summaries::summarizer::{Summarizer, SummaryFuture, SummaryRequest};
+use compactor::compaction::summaries::summarizer::{
+    Summarizer, Summary, SummaryFuture, SummaryRequest,
+};
 use compactor::compaction::OutcomeKind;
 use compactor::config::Config;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -152,7 +154,7 @@ struct Counting {
 impl Summarizer for Counting {
     fn summarize(&self, _: SummaryRequest) -> SummaryFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        Box::pin(async { Ok("The session so far, in short. ".repeat(130)) })
+        Box::pin(async { Ok(Summary::from("The session so far, in short. ".repeat(130))) })
     }
 }
 

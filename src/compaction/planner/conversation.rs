@@ -331,14 +331,18 @@ impl<'a> Conversation<'a> {
     }
 
     /// What the estimate counts of the whole request, as calibration's features: every
-    /// message's characters and framing, and the schemas. Images are left out (flat counts,
-    /// not text).
-    pub fn features(&self) -> [f64; FEATURES] {
+    /// message's characters and framing, and the schemas. None for a request with images,
+    /// whose flat count would pass for text.
+    pub fn features(&self) -> Option<[f64; FEATURES]> {
         let mut chars = self.schema_chars();
         for message in &self.messages {
-            chars.add(message.chars().0);
+            let (text, images) = message.chars();
+            if images > 0 {
+                return None;
+            }
+            chars.add(text);
         }
-        chars.features(self.messages.len() as u64)
+        Some(chars.features(self.messages.len() as u64))
     }
 
     /// Estimated tokens of each message.

@@ -15,8 +15,10 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
 
 use crate::body;
+use crate::compaction::overflow::{self, Overflow};
 use crate::config::{SummarizerApi, UpstreamApi};
 use crate::routing::Upstreams;
+use crate::usage::UsageTap;
 
 /// One summarizer call: the run's settings and this call's prompt.
 #[derive(Debug, Clone)]
@@ -55,13 +57,33 @@ pub enum SummaryError {
     Transport(String),
     #[error("summarizer answered HTTP {0}")]
     Status(u16),
+    /// The summarizer's model refused the prompt for its length (its own context-length
+    /// error, read as an upstream's is): its window is learned, and this is not an outage.
+    #[error("the summarizer's model refused the prompt as longer than its context window")]
+    ContextTooLong(Overflow),
     #[error("summarizer did not answer within {0:?}")]
     Timeout(Duration),
     #[error("summarizer reply has no usable text")]
     Blank,
 }
 
-pub type SummaryFuture = Pin<Box<dyn Future<Output = Result<String, SummaryError>> + Send>>;
+/// A summarizer's answer, and its count of the prompt's tokens when it reported one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub text: String,
+    pub input_tokens: Option<u64>,
+}
+
+impl From<String> for Summary {
+    fn from(text: String) -> Summary {
+        Summary {
+            text,
+            input_tokens: None,
+        }
+    }
+}
+
+pub type SummaryFuture = Pin<Box<dyn Future<Output = Result<Summary, SummaryError>> + Send>>;
 
 pub trait Summarizer: Send + Sync {
     fn summarize(&self, request: SummaryRequest) -> SummaryFuture;
@@ -95,7 +117,7 @@ impl Summarizer for HttpSummarizer {
     }
 }
 
-async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String, SummaryError> {
+async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<Summary, SummaryError> {
     let upstream = upstreams
         .by_name(&request.call.upstream)
         .ok_or_else(|| SummaryError::NoUpstream(request.call.upstream.clone()))?;
@@ -187,9 +209,18 @@ async fn call(upstreams: &Upstreams, request: &SummaryRequest) -> Result<String,
         .map_err(|e| SummaryError::Transport(e.to_string()))?
         .to_bytes();
     if !status.is_success() {
-        return Err(SummaryError::Status(status.as_u16()));
+        return Err(match overflow::parse(status.as_u16(), &bytes) {
+            Some(overflow) => SummaryError::ContextTooLong(overflow),
+            None => SummaryError::Status(status.as_u16()),
+        });
     }
-    extract_text(&bytes).ok_or(SummaryError::Blank)
+    let text = extract_text(&bytes).ok_or(SummaryError::Blank)?;
+    let mut usage = UsageTap::default();
+    usage.observe(&bytes);
+    Ok(Summary {
+        text,
+        input_tokens: usage.input_total(),
+    })
 }
 
 /// `choices[0].message.content` as a string or as text parts, a Responses reply's
