@@ -36,7 +36,7 @@ use crate::compaction::summaries::summarizer::{
 use crate::compaction::summaries::summary_input;
 use crate::compaction::summaries::vet::{vet, Unusable};
 use crate::compaction::windows::learned_window;
-use crate::compaction::{CacheUse, Outcome, OutcomeKind};
+use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind};
 use crate::config::{Config, FailMode, NoticeMode};
 use crate::headers;
 use crate::metrics::Metrics;
@@ -392,10 +392,12 @@ impl CompactionEngine {
             }
             Offloaded::Done(Prepared::Summarize(job)) => {
                 let window = job.window;
-                let calibrated = job.token_model.calibration.is_some();
+                let basis = CountBasis::of(&job.token_model);
                 let result = self.summarize(*job, headers, body, notice_mode).await;
                 let result = result.map(|mut compacted| {
-                    compacted.outcome.calibrated = calibrated && compacted.outcome.counted;
+                    if compacted.outcome.counted {
+                        compacted.outcome.basis = basis;
+                    }
                     compacted
                 });
                 (result, window)
@@ -453,10 +455,10 @@ impl CompactionEngine {
             return Ok(compacted);
         };
         // An over-window stream is refused even when failing open once the count is
-        // calibrated: servers such as llama.cpp's answer one with 200 and an empty stream,
+        // calibrated or exact: servers such as llama.cpp's answer one with 200 and an empty stream,
         // which no retry can see, so forwarding it loses the request silently.
         let refuse = self.inner.planner.config.fail_mode == FailMode::Closed
-            || (compacted.outcome.calibrated && declares_stream(&compacted.body));
+            || (compacted.outcome.basis.is_measured() && declares_stream(&compacted.body));
         if refuse && tokens >= window {
             return Err(CompactionRefused {
                 failure: CompactionFailure::ContextTooLarge { tokens, window },

@@ -32,5 +32,5 @@ pub mod scope;
 pub mod summaries;
 pub mod windows;
 
-pub use outcome::{CacheUse, Outcome, OutcomeKind};
+pub use outcome::{CacheUse, CountBasis, Outcome, OutcomeKind};
 pub use reason::Reason;

@@ -2,6 +2,7 @@
 
 use http::header::{HeaderMap, HeaderValue};
 
+use crate::compaction::planner::tokens::TokenModel;
 use crate::compaction::reason::Reason;
 use crate::headers;
 
@@ -41,6 +42,42 @@ pub enum CacheUse {
     Miss,
 }
 
+/// What a request's token counts rest on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountBasis {
+    /// The configured chars-per-token ratio.
+    Estimate,
+    /// The estimate with weights learned from the upstream's own counts of the model.
+    Calibrated,
+    /// The model's own tokenizer.
+    Exact,
+}
+
+impl CountBasis {
+    pub fn of(model: &TokenModel) -> CountBasis {
+        if model.exact.is_some() {
+            CountBasis::Exact
+        } else if model.calibration.is_some() {
+            CountBasis::Calibrated
+        } else {
+            CountBasis::Estimate
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CountBasis::Estimate => "estimate",
+            CountBasis::Calibrated => "calibrated",
+            CountBasis::Exact => "exact",
+        }
+    }
+
+    /// Whether the count is close enough to the upstream's to refuse a request on it.
+    pub fn is_measured(self) -> bool {
+        self != CountBasis::Estimate
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub kind: OutcomeKind,
@@ -57,9 +94,8 @@ pub struct Outcome {
     /// Whether the tokens were counted: a request skipped before its body was read (switched
     /// off, planner busy, under every trigger by its size alone) has no count to report.
     pub counted: bool,
-    /// Whether the count used the model's calibration (learned from its upstream's own
-    /// counts) rather than the configured ratio alone.
-    pub calibrated: bool,
+    /// What the counts rest on.
+    pub basis: CountBasis,
     /// Tool outputs the `clear_tool_outputs` stage replaced with placeholders.
     pub outputs_cleared: usize,
     /// Messages the `truncate` stage dropped.
@@ -81,7 +117,7 @@ impl Outcome {
             headroom_unmet: false,
             reason,
             counted: true,
-            calibrated: false,
+            basis: CountBasis::Estimate,
             outputs_cleared: 0,
             messages_dropped: 0,
             precompute_started: false,
@@ -121,11 +157,7 @@ impl Outcome {
             headers.insert(headers::TOKENS_AFTER, HeaderValue::from(after));
             headers.insert(
                 headers::TOKENS_COUNT,
-                HeaderValue::from_static(if self.calibrated {
-                    "calibrated"
-                } else {
-                    "estimate"
-                }),
+                HeaderValue::from_static(self.basis.label()),
             );
         }
         if self.outputs_cleared > 0 {

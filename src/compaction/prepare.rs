@@ -24,7 +24,7 @@ use crate::compaction::summaries::cache::{CacheKey, ScopedLookup};
 use crate::compaction::summaries::store::SummaryStore;
 use crate::compaction::summaries::summary_input::{self, InputSettings};
 use crate::compaction::windows::{learned_window, Windows};
-use crate::compaction::{CacheUse, Outcome, OutcomeKind};
+use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind};
 use crate::config::{Config, SummarizationConfig};
 use crate::metrics::Metrics;
 
@@ -35,6 +35,9 @@ const MIN_CALL_BUDGET_TOKENS: u64 = 1024;
 const UNKNOWN_WINDOW_CALL_BUDGET_TOKENS: u64 = 24_000;
 /// A retry after a context-length error that states no limit aims this far under what failed.
 pub(super) const UNSTATED_LIMIT_SHARE: f64 = 0.9;
+/// A body whose estimate reaches this share of a trigger is counted with the model's own
+/// tokenizer (the estimate is off by up to 40 % either way before calibration).
+const EXACT_FROM_SHARE: f64 = 0.5;
 
 /// What the CPU part decided.
 pub(super) enum Prepared {
@@ -286,6 +289,13 @@ impl Planner {
             token_model.max_input_tokens =
                 Some(self.retry_window(&conversation, &token_model, reactive));
         }
+        // The model's own tokenizer, where compactor has it, for a body the estimate puts
+        // near a trigger: only there does the difference decide anything.
+        if let Some(encoding) = self.windows.encoding(conversation.model.as_deref()) {
+            if plan::reaches_share(&conversation, settings, &token_model, EXACT_FROM_SHARE) {
+                token_model.exact = Some(encoding);
+            }
+        }
         let model = model_name
             .clone()
             .or_else(|| conversation.model.as_deref().map(str::to_string))
@@ -338,7 +348,9 @@ impl Planner {
         if let Prepared::Forward { outcome, .. } | Prepared::Rewritten { outcome, .. } =
             &mut prepared
         {
-            outcome.calibrated = outcome.counted && token_model.calibration.is_some();
+            if outcome.counted {
+                outcome.basis = CountBasis::of(&token_model);
+            }
         }
         prepared
     }

@@ -10,7 +10,7 @@ use quick_cache::sync::Cache;
 use crate::compaction::calibration::{Calibrations, Learned as Calibrated, SampleClaim};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::size_bound::ModelBounds;
-use crate::compaction::planner::tokens::{ModelTable, TokenModel, Weights, FEATURES};
+use crate::compaction::planner::tokens::{Encoding, ModelTable, TokenModel, Weights, FEATURES};
 use crate::config::ModelConfig;
 
 /// Model names whose learned window is remembered; past it the least used are forgotten.
@@ -67,6 +67,11 @@ impl Windows {
             });
         }
         token_model
+    }
+
+    /// The tokenizer `model` is counted with near a trigger, when compactor has it.
+    pub fn encoding(&self, model: Option<&str>) -> Option<Encoding> {
+        self.table.encoding(model)
     }
 
     /// The size bound's view of every model, learned windows and calibrations included.

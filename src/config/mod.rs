@@ -192,6 +192,18 @@ pub struct ModelConfig {
     pub chars_per_token: Option<f64>,
     /// Tokens counted for each image part (default 85).
     pub image_tokens: Option<u64>,
+    /// The model's tokenizer, for exact counts near a trigger: `o200k`, `cl100k`, or
+    /// `estimate` for none. Default: OpenAI's encoding for OpenAI model names, else none.
+    pub tokenizer: Option<TokenizerChoice>,
+}
+
+/// A `models[].tokenizer` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerChoice {
+    O200k,
+    Cl100k,
+    Estimate,
 }
 
 /// A size in the reference's vocabulary: `{type: tokens|messages|fraction, value: N}`.

@@ -463,3 +463,43 @@ async fn a_summarizers_context_error_teaches_its_window_without_opening_the_brea
     assert_eq!(stack.summarizer.window_refusals(), 1, "no second refusal");
     assert_eq!(stack.chat.window_refusals(), 0);
 }
+
+#[tokio::test]
+async fn an_openai_model_near_its_trigger_is_counted_with_its_own_tokenizer() {
+    let chat = mock(MockOptions {
+        counting: Counting::O200k,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: chat\n    base_url: {}\nsummarization:\n  enabled: true\n  trigger: [{{type: tokens, value: 6000}}]\n",
+        chat.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    let mut rng = Rng(0x0dd_ba11);
+    for class in CLASSES {
+        let mut messages = conversation(class, &mut rng, 1);
+        // Grown until no size bound can show the body under the trigger: it is counted.
+        while (body(&messages).to_string().len() as f64) < 6_000.0 * 3.3 {
+            let question = messages.pop().expect("the last question");
+            messages.extend(turn(class, &mut rng, messages.len()));
+            messages.push(question);
+        }
+        let request = json!({"model": "gpt-4o-mini", "messages": messages});
+        let response = roundtrip(
+            &client(),
+            json_request(&proxy.url("/v1/chat/completions"), request.to_string(), &[]),
+        )
+        .await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(header(&response, "x-compactor-tokens-count"), "exact");
+        let counted: u64 = header(&response, "x-compactor-tokens-before")
+            .parse()
+            .expect("a count");
+        let real = Counting::O200k.input_tokens(&request);
+        assert!(
+            error(counted, real) < 0.05,
+            "{class:?}: {counted} counted, the upstream's tokenizer {real}"
+        );
+    }
+}

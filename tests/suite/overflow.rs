@@ -1,7 +1,8 @@
 //! Never a context-length error: the reactive retry after an upstream's context-length error
 //! (each provider's real error shape, from the mock), the truncation of last resort, and the
 //! clear 400 of `fail_mode: closed`. The mock counts tokens its own way (a quarter of the JSON
-//! length), as no real tokenizer counts like compactor's estimate.
+//! length), and the model is one compactor has no tokenizer for (`local-model`): its estimate
+//! and the upstream's count differ, as against any server whose tokenizer compactor lacks.
 
 use crate::common::*;
 use mock_upstream::{MockFault, MockHandle, MockMode, MockOptions};
@@ -72,7 +73,7 @@ fn mock_tokens(body: &[u8]) -> u64 {
 async fn a_context_length_error_becomes_one_compacted_answer_and_the_window_is_learned() {
     let stack = windowed(2_000, "", "").await;
     let messages = chat_history(15, 400);
-    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let body = json!({"model": "local-model", "messages": messages});
     assert!(mock_tokens(body.to_string().as_bytes()) > 2_000);
 
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
@@ -111,7 +112,7 @@ async fn a_context_length_error_becomes_one_compacted_answer_and_the_window_is_l
     let mut next = messages.clone();
     next.push(json!({"role": "assistant", "content": "Now this."}));
     next.push(json!({"role": "user", "content": "Thanks, and then?"}));
-    let body = json!({"model": "gpt-4o-mini", "messages": next});
+    let body = json!({"model": "local-model", "messages": next});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(
@@ -125,7 +126,7 @@ async fn a_context_length_error_becomes_one_compacted_answer_and_the_window_is_l
 #[tokio::test]
 async fn a_stream_refused_before_its_first_byte_is_retried_compacted() {
     let stack = windowed(2_000, "", "").await;
-    let body = json!({"model": "gpt-4o-mini", "stream": true, "messages": chat_history(15, 400)});
+    let body = json!({"model": "local-model", "stream": true, "messages": chat_history(15, 400)});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.headers["content-type"], "text/event-stream");
@@ -145,7 +146,7 @@ async fn every_providers_error_shape_is_recognised_and_its_limit_used() {
     for style in ["openai", "azure", "vllm", "openrouter"] {
         let stack = windowed(2_000, "", "").await;
         let body =
-            json!({"model": "gpt-4o-mini", "max_tokens": 100, "messages": chat_history(15, 400)});
+            json!({"model": "local-model", "max_tokens": 100, "messages": chat_history(15, 400)});
         let headers = [("x-mock-window-style", style)];
         let response = post(&stack.proxy, "/v1/chat/completions", &body, &headers).await;
         assert_eq!(response.status, 200, "{style}: {}", response.text());
@@ -167,7 +168,7 @@ async fn every_providers_error_shape_is_recognised_and_its_limit_used() {
     // The Responses API states no limit: the retry aims well under what was refused.
     let stack = windowed(2_000, "", "").await;
     let input: Vec<Value> = chat_history(15, 400).into_iter().skip(1).collect();
-    let body = json!({"model": "gpt-4o-mini", "instructions": "Be brief.", "input": input});
+    let body = json!({"model": "local-model", "instructions": "Be brief.", "input": input});
     let response = post(&stack.proxy, "/v1/responses", &body, &[]).await;
     assert_eq!(response.status, 200, "responses: {}", response.text());
     assert_eq!(outcome(&response), "summarized");
@@ -222,7 +223,7 @@ async fn a_retry_refused_again_is_logged_and_counted_as_failed() {
     // An upstream that refuses every size, with an error that names no limit: the compacted
     // retry is refused too.
     let stack = windowed(2_000, "", "").await;
-    let body = json!({"model": "gpt-4o-mini", "messages": chat_history(15, 400)});
+    let body = json!({"model": "local-model", "messages": chat_history(15, 400)});
     let headers = [("x-mock-window", "1"), ("x-mock-window-style", "responses")];
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &headers).await;
     assert_eq!(response.status, 400);
@@ -241,7 +242,7 @@ async fn a_retry_refused_again_is_logged_and_counted_as_failed() {
 async fn a_request_that_cannot_fit_gets_the_upstreams_error_unchanged() {
     let stack = windowed(2_000, "", "").await;
     // One message larger than the window: nothing to summarize, nothing to drop.
-    let body = json!({"model": "gpt-4o-mini", "messages": [
+    let body = json!({"model": "local-model", "messages": [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "word ".repeat(3_000)},
     ]});
@@ -277,7 +278,7 @@ async fn a_request_that_cannot_fit_gets_the_upstreams_error_unchanged() {
 #[tokio::test]
 async fn reactive_retries_can_be_switched_off() {
     let stack = windowed(2_000, "  reactive: false\n", "").await;
-    let body = json!({"model": "gpt-4o-mini", "messages": chat_history(15, 400)});
+    let body = json!({"model": "local-model", "messages": chat_history(15, 400)});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(response.status, 400);
     assert_eq!(response.json()["error"]["code"], "context_length_exceeded");
@@ -285,7 +286,7 @@ async fn reactive_retries_can_be_switched_off() {
 }
 
 const SMALL_WINDOW_MODEL: &str =
-    "models:\n  - match: \"gpt-4o-mini\"\n    max_input_tokens: 2500\n";
+    "models:\n  - match: \"local-model\"\n    max_input_tokens: 2500\n";
 
 #[tokio::test]
 async fn with_the_summarizer_down_truncation_fits_the_window_and_says_so() {
@@ -298,7 +299,7 @@ async fn with_the_summarizer_down_truncation_fits_the_window_and_says_so() {
     .await;
     stack.summarizer.set_fault(Some(MockFault::Status(500)));
     let messages = chat_history(15, 400);
-    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let body = json!({"model": "local-model", "messages": messages});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(outcome(&response), "truncated");
@@ -341,7 +342,7 @@ async fn truncating_a_long_agent_run_keeps_its_one_user_message_and_whole_tool_g
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}));
         messages.push(json!({"role": "tool", "tool_call_id": id, "content": "fn step() { run(); }\n".repeat(40)}));
     }
-    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let body = json!({"model": "local-model", "messages": messages});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
     // The mock validates every call against its result: a split group would be a 400.
     assert_eq!(response.status, 200, "{}", response.text());
@@ -364,7 +365,7 @@ async fn truncating_a_long_agent_run_keeps_its_one_user_message_and_whole_tool_g
 #[tokio::test]
 async fn fail_closed_refuses_what_cannot_fit_with_the_numbers() {
     let stack = windowed(1_000_000, "  fail_mode: closed\n", SMALL_WINDOW_MODEL).await;
-    let body = json!({"model": "gpt-4o-mini", "messages": [
+    let body = json!({"model": "local-model", "messages": [
         {"role": "user", "content": "word ".repeat(4_000)},
     ]});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
@@ -389,7 +390,7 @@ async fn fail_closed_refuses_what_cannot_fit_with_the_numbers() {
 
 #[tokio::test]
 async fn truncation_keeps_messages_and_responses_requests_valid_for_their_apis() {
-    let models = "models:\n  - match: \"claude-sonnet-4-5\"\n    max_input_tokens: 2500\n  - match: \"gpt-4o-mini\"\n    max_input_tokens: 2500\n";
+    let models = "models:\n  - match: \"claude-sonnet-4-5\"\n    max_input_tokens: 2500\n  - match: \"local-model\"\n    max_input_tokens: 2500\n";
     let stack = windowed(3_000, "  stages: [summarize, truncate]\n", models).await;
     stack.summarizer.set_fault(Some(MockFault::Status(500)));
     // A Claude Code-style run: tool_use turns answered by tool_result turns, strict alternation.
@@ -421,7 +422,7 @@ async fn truncation_keeps_messages_and_responses_requests_valid_for_their_apis()
         input.push(json!({"type": "function_call_output", "call_id": id, "output": "fn step() { run(); }\n".repeat(40)}));
     }
     let body =
-        json!({"model": "gpt-4o-mini", "instructions": "You are a coding agent.", "input": input});
+        json!({"model": "local-model", "instructions": "You are a coding agent.", "input": input});
     let response = post(&stack.proxy, "/v1/responses", &body, &[]).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(outcome(&response), "truncated");
@@ -447,13 +448,13 @@ async fn with_the_summarizer_budget_spent_the_cached_summary_still_keeps_the_req
         summarizer.base_url()
     );
     let proxy = proxy(&yaml).await;
-    let first = json!({"model": "gpt-4o-mini", "messages": chat_history(10, 400)});
+    let first = json!({"model": "local-model", "messages": chat_history(10, 400)});
     let response = post(&proxy, "/v1/chat/completions", &first, &[]).await;
     assert_eq!(outcome(&response), "summarized");
 
     // Ten turns later the request is past the trigger again and over the upstream's window as
     // it stands; the one call a minute is spent, so no new summary can be made.
-    let later = json!({"model": "gpt-4o-mini", "messages": chat_history(20, 400)});
+    let later = json!({"model": "local-model", "messages": chat_history(20, 400)});
     assert!(mock_tokens(later.to_string().as_bytes()) > 3_500);
     let before = upstream.requests().len();
     let response = post(&proxy, "/v1/chat/completions", &later, &[]).await;

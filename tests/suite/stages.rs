@@ -188,7 +188,7 @@ async fn session(precompute_at: Option<f64>) -> Session {
                 .push(json!({"role": "user", "content": format!("{i}: continue with the task")}));
         }
         messages.extend(read_group(i));
-        let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
+        let body = json!({"model": "local-model", "messages": messages}).to_string();
         let result = engine
             .compact(
                 &HeaderMap::new(),

@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::config::{SummaryPlacement, SummaryRole};
 
@@ -315,16 +316,22 @@ impl<'a> Conversation<'a> {
     /// Tokens of what is sent with every request besides the messages: tool and function
     /// schemas, and instructions.
     pub fn schema_tokens(&self, model: &TokenModel) -> u64 {
-        model.tokens(self.schema_chars())
+        match model.exact {
+            Some(encoding) => self.schemas().map(|raw| encoding.count(raw.get())).sum(),
+            None => model.tokens(self.schema_chars()),
+        }
+    }
+
+    fn schemas(&self) -> impl Iterator<Item = &RawValue> {
+        [self.tools, self.functions, self.instructions]
+            .into_iter()
+            .flatten()
+            .filter(|raw| raw.get() != "null")
     }
 
     fn schema_chars(&self) -> CharCount {
         let mut chars = CharCount::default();
-        for raw in [self.tools, self.functions, self.instructions]
-            .into_iter()
-            .flatten()
-            .filter(|raw| raw.get() != "null")
-        {
+        for raw in self.schemas() {
             chars.add(CharCount::of_str(raw.get()));
         }
         chars
@@ -489,33 +496,70 @@ impl<'a> Message<'a> {
 
     /// The estimate of DESIGN.md §2.1 for this message.
     pub fn tokens(&self, model: &TokenModel) -> u64 {
-        let (chars, images) = self.chars();
-        model.tokens(chars) + images * model.image_tokens + model.message_overhead()
+        let (text, images) = match model.exact {
+            Some(encoding) => {
+                let (text, images) = self.tokenizer_text();
+                (encoding.count(&text), images)
+            }
+            None => {
+                let (chars, images) = self.chars();
+                (model.tokens(chars), images)
+            }
+        };
+        text + images * model.image_tokens + model.message_overhead()
     }
 
     /// The characters this message is counted by, and its image parts.
     fn chars(&self) -> (CharCount, u64) {
-        let mut chars = CharCount::of_str(&self.role_text);
+        let (mut chars, mut images) = (CharCount::default(), 0u64);
+        self.pieces(&mut |piece| tally(piece, &mut chars, &mut images));
+        (chars, images)
+    }
+
+    /// The text a tokenizer reads of this message (its pieces decoded, one per line), and its
+    /// image parts.
+    fn tokenizer_text(&self) -> (String, u64) {
+        let (mut text, mut images) = (String::new(), 0u64);
+        self.pieces(&mut |piece| {
+            match piece {
+                Piece::Literal(raw) => text.push_str(&string_value(raw).unwrap_or_default()),
+                Piece::Plain(plain) => text.push_str(plain),
+                // A template renders a call's values (name, arguments), not its JSON keys.
+                Piece::Structured(raw) => match serde_json::from_str::<Value>(raw) {
+                    Ok(value) => push_values(&value, &mut text),
+                    Err(_) => text.push_str(raw),
+                },
+                Piece::Image => {
+                    images += 1;
+                    return;
+                }
+            }
+            text.push('\n');
+        });
+        (text, images)
+    }
+
+    /// Every piece the count reads, in order: role, name, content, refusal, calls, call id.
+    fn pieces(&self, visit: &mut dyn FnMut(Piece<'_>)) {
+        visit(Piece::Plain(&self.role_text));
         if let Some(name) = &self.name {
-            chars.add(CharCount::of_str(name));
+            visit(Piece::Plain(name));
         }
-        let mut images = 0u64;
-        if let Some(content) = self.content {
-            content_chars(content, &mut chars, &mut images);
+        for content in [self.content, self.refusal].into_iter().flatten() {
+            content_pieces(content, visit);
         }
-        if let Some(refusal) = self.refusal {
-            content_chars(refusal, &mut chars, &mut images);
-        }
-        for raw in [self.tool_calls_raw, self.function_call, self.opaque]
+        for raw in [self.tool_calls_raw, self.function_call]
             .into_iter()
             .flatten()
         {
-            chars.add(CharCount::of_str(raw.get()));
+            visit(Piece::Structured(raw.get()));
+        }
+        if let Some(raw) = self.opaque {
+            visit(Piece::Plain(raw.get()));
         }
         if let Some(id) = &self.tool_call_id {
-            chars.add(CharCount::of_str(id));
+            visit(Piece::Plain(id));
         }
-        (chars, images)
     }
 
     /// Whether this is a user or instruction message whose text begins with one of
@@ -613,39 +657,81 @@ pub(in crate::compaction) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
     }
 }
 
-/// Adds the characters of a content value: a string, or an array of parts (text counted,
-/// images flat, anything else by its JSON size so nothing is free).
+/// One piece of a message as the count reads it.
+enum Piece<'t> {
+    /// A JSON string literal, quotes included: its decoded text counts.
+    Literal(&'t str),
+    /// Text counted as it stands (a role, an id, an opaque item's JSON).
+    Plain(&'t str),
+    /// A tool call's JSON: the estimate counts it whole, a tokenizer its values.
+    Structured(&'t str),
+    /// An image part: a flat count.
+    Image,
+}
+
+/// Adds a piece to the estimate's characters and image count.
+fn tally(piece: Piece<'_>, chars: &mut CharCount, images: &mut u64) {
+    match piece {
+        Piece::Literal(raw) => chars.add(json_string_chars(raw)),
+        Piece::Plain(text) | Piece::Structured(text) => chars.add(CharCount::of_str(text)),
+        Piece::Image => *images += 1,
+    }
+}
+
+/// Every string and scalar of a JSON value, one per line.
+fn push_values(value: &Value, text: &mut String) {
+    match value {
+        Value::String(s) => {
+            text.push_str(s);
+            text.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|v| push_values(v, text)),
+        Value::Object(members) => members.values().for_each(|v| push_values(v, text)),
+        Value::Null => {}
+        scalar => {
+            text.push_str(&scalar.to_string());
+            text.push('\n');
+        }
+    }
+}
+
 /// Tokens of one content value (a string or an array of parts), as a message counts it.
 pub(in crate::compaction) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
     let (mut chars, mut images) = (CharCount::default(), 0);
-    content_chars(Json(raw), &mut chars, &mut images);
+    content_pieces(Json(raw), &mut |piece| {
+        tally(piece, &mut chars, &mut images)
+    });
     model.tokens(chars) + images * model.image_tokens
 }
 
-fn content_chars(raw: Json<'_>, chars: &mut CharCount, images: &mut u64) {
+/// The pieces of a content value: a string, or an array of parts (text counted, images flat,
+/// anything else by its JSON so nothing is free).
+fn content_pieces(raw: Json<'_>, visit: &mut dyn FnMut(Piece<'_>)) {
     let text = raw.get();
     if text.starts_with('"') {
-        chars.add(json_string_chars(text));
+        visit(Piece::Literal(text));
         return;
     }
     let Ok(parts) = serde_json::from_str::<Vec<&RawValue>>(text) else {
-        chars.add(CharCount::of_str(text));
+        visit(Piece::Plain(text));
         return;
     };
     for part in parts {
         match serde_json::from_str::<PartView>(part.get()) {
             Ok(view) => match (view.kind.as_deref(), view.text, view.refusal) {
-                (Some("image_url") | Some("image") | Some("input_image"), _, _) => *images += 1,
+                (Some("image_url") | Some("image") | Some("input_image"), _, _) => {
+                    visit(Piece::Image)
+                }
                 (_, Some(text), _) if text.get().starts_with('"') => {
-                    chars.add(json_string_chars(text.get()))
+                    visit(Piece::Literal(text.get()))
                 }
                 (Some("refusal"), _, Some(refusal)) if refusal.get().starts_with('"') => {
-                    chars.add(json_string_chars(refusal.get()))
+                    visit(Piece::Literal(refusal.get()))
                 }
-                _ => chars.add(CharCount::of_str(part.get())),
+                _ => visit(Piece::Plain(part.get())),
             },
-            Err(_) if part.get().starts_with('"') => chars.add(json_string_chars(part.get())),
-            Err(_) => chars.add(CharCount::of_str(part.get())),
+            Err(_) if part.get().starts_with('"') => visit(Piece::Literal(part.get())),
+            Err(_) => visit(Piece::Plain(part.get())),
         }
     }
 }

@@ -512,6 +512,24 @@ pub fn over_trigger(
     )
 }
 
+/// Whether the request reaches `share ×` any trigger (the model's window included).
+pub fn reaches_share(
+    conversation: &Conversation<'_>,
+    settings: &PlanSettings,
+    model: &TokenModel,
+    share: f64,
+) -> bool {
+    let tokens =
+        conversation.schema_tokens(model) + conversation.message_tokens(model).iter().sum::<u64>();
+    let thresholds = thresholds(settings, model, conversation.output_reserve);
+    over_any(
+        &thresholds,
+        tokens,
+        conversation.messages.len() as u64,
+        share,
+    )
+}
+
 /// The configured triggers, and the model's window: a request that reaches the window is
 /// compacted whatever the triggers say.
 fn thresholds(settings: &PlanSettings, model: &TokenModel, output_reserve: u64) -> Vec<Threshold> {

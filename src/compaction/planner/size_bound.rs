@@ -182,6 +182,7 @@ mod tests {
             max_input_tokens: Some(8_000),
             chars_per_token: Some(2.5),
             image_tokens: Some(200),
+            tokenizer: None,
         }])
     }
 

@@ -12,7 +12,7 @@
 use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 use wildmatch::WildMatch;
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, TokenizerChoice};
 
 /// Tokens added per message for the role/separator framing.
 pub const PER_MESSAGE_OVERHEAD: u64 = 3;
@@ -69,6 +69,47 @@ impl Weights {
     }
 }
 
+/// A real tokenizer compactor carries: OpenAI's encodings (the `bpe-openai` crate, built once
+/// per process on first use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    O200k,
+    Cl100k,
+}
+
+impl Encoding {
+    pub fn count(self, text: &str) -> u64 {
+        let tokenizer = match self {
+            Encoding::O200k => bpe_openai::o200k_base(),
+            Encoding::Cl100k => bpe_openai::cl100k_base(),
+        };
+        tokenizer.count(text) as u64
+    }
+
+    /// OpenAI's encoding for one of its model names.
+    pub fn for_model(model: &str) -> Option<Encoding> {
+        const O200K: [&str; 9] = [
+            "gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "gpt-oss", "chatgpt-", "codex-", "o1", "o3",
+        ];
+        if O200K.iter().any(|prefix| model.starts_with(prefix)) || model.starts_with("o4") {
+            return Some(Encoding::O200k);
+        }
+        ["gpt-4", "gpt-3.5"]
+            .iter()
+            .any(|prefix| model.starts_with(prefix))
+            .then_some(Encoding::Cl100k)
+    }
+
+    fn of_choice(choice: Option<TokenizerChoice>, model: &str) -> Option<Encoding> {
+        match choice {
+            Some(TokenizerChoice::O200k) => Some(Encoding::O200k),
+            Some(TokenizerChoice::Cl100k) => Some(Encoding::Cl100k),
+            Some(TokenizerChoice::Estimate) => None,
+            None => Encoding::for_model(model),
+        }
+    }
+}
+
 /// How one model's text turns into tokens, and its window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenModel {
@@ -78,6 +119,9 @@ pub struct TokenModel {
     /// Learned from the upstream's own counts of this model's requests; None: the configured
     /// ratio alone.
     pub calibration: Option<Weights>,
+    /// The model's own tokenizer, when compactor has it. Messages and schemas are counted with
+    /// it only where it is set here, which the planner does for a body near a trigger.
+    pub exact: Option<Encoding>,
 }
 
 impl Default for TokenModel {
@@ -87,6 +131,7 @@ impl Default for TokenModel {
             image_tokens: DEFAULT_IMAGE_TOKENS,
             max_input_tokens: None,
             calibration: None,
+            exact: None,
         }
     }
 }
@@ -119,10 +164,12 @@ impl ModelTable {
             image_tokens: entry.image_tokens.unwrap_or(DEFAULT_IMAGE_TOKENS),
             max_input_tokens: entry.max_input_tokens,
             calibration: None,
+            exact: None,
         });
         builtins.into_iter().chain(entries).collect()
     }
 
+    /// How `model` counts; its tokenizer, when it has one, is in [`ModelTable::encoding`].
     pub fn lookup(&self, model: Option<&str>) -> TokenModel {
         let model = model.unwrap_or("");
         let builtin_cpt = if model.starts_with("claude") {
@@ -136,12 +183,25 @@ impl ModelTable {
                 image_tokens: entry.image_tokens.unwrap_or(DEFAULT_IMAGE_TOKENS),
                 max_input_tokens: entry.max_input_tokens,
                 calibration: None,
+                exact: None,
             },
             None => TokenModel {
                 chars_per_token: builtin_cpt,
                 ..TokenModel::default()
             },
         }
+    }
+
+    /// The tokenizer `model` is counted with near a trigger: its entry's `tokenizer`, else
+    /// OpenAI's encoding for an OpenAI model name.
+    pub fn encoding(&self, model: Option<&str>) -> Option<Encoding> {
+        let model = model.unwrap_or("");
+        let choice = self
+            .entries
+            .iter()
+            .find(|(glob, _)| glob.matches(model))
+            .and_then(|(_, entry)| entry.tokenizer);
+        Encoding::of_choice(choice, model)
     }
 }
 
@@ -458,6 +518,43 @@ mod tests {
     }
 
     #[test]
+    fn openai_models_have_their_encoding_and_the_table_can_override_it() {
+        for (model, encoding) in [
+            ("gpt-4o-mini", Some(Encoding::O200k)),
+            ("gpt-5.1-codex", Some(Encoding::O200k)),
+            ("o4-mini", Some(Encoding::O200k)),
+            ("gpt-4-turbo", Some(Encoding::Cl100k)),
+            ("gpt-3.5-turbo", Some(Encoding::Cl100k)),
+            ("claude-sonnet-4-5", None),
+            ("llama-3.1-8b", None),
+        ] {
+            assert_eq!(
+                ModelTable::new(&[]).encoding(Some(model)),
+                encoding,
+                "{model}"
+            );
+        }
+        let table = ModelTable::new(&[
+            ModelConfig {
+                pattern: "gpt-4o*".into(),
+                tokenizer: Some(TokenizerChoice::Estimate),
+                ..ModelConfig::default()
+            },
+            ModelConfig {
+                pattern: "my-azure-deployment".into(),
+                tokenizer: Some(TokenizerChoice::O200k),
+                ..ModelConfig::default()
+            },
+        ]);
+        assert_eq!(table.encoding(Some("gpt-4o")), None);
+        assert_eq!(
+            table.encoding(Some("my-azure-deployment")),
+            Some(Encoding::O200k)
+        );
+        assert_eq!(Encoding::O200k.count("Hello, world!"), 4);
+    }
+
+    #[test]
     fn calibrated_weights_replace_the_ratio() {
         let chars = CharCount::of_str("日本語 text");
         let plain = TokenModel::default();
@@ -515,6 +612,7 @@ mod tests {
             max_input_tokens: Some(128_000),
             chars_per_token: None,
             image_tokens: Some(170),
+            tokenizer: None,
         }]);
         let gpt = table.lookup(Some("gpt-4o-mini"));
         assert_eq!(gpt.max_input_tokens, Some(128_000));
