@@ -15,7 +15,7 @@ use compactor::compaction::planner::conversation::Conversation;
 use compactor::compaction::planner::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::planner::rewrite::{rewrite, Splice};
 use compactor::compaction::planner::size_bound::{provably_under, ModelBounds};
-use compactor::compaction::planner::tokens::{ModelTable, TokenModel};
+use compactor::compaction::planner::tokens::{Encoding, ModelTable, TokenModel, Weights};
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::config::{
     ContextSize, Oversize, SummarizationConfig, SummaryPlacement, SummaryRole,
@@ -164,6 +164,32 @@ fn benches(c: &mut Criterion) {
                 })
             },
         );
+        // The same count with learned weights, and with OpenAI's o200k tokenizer (what a body
+        // near a trigger of an OpenAI model gets).
+        let counting_models = [
+            (
+                "count_calibrated",
+                TokenModel {
+                    calibration: Some(Weights::prior(3.0)),
+                    ..model
+                },
+            ),
+            (
+                "count_exact_o200k",
+                TokenModel {
+                    exact: Some(Encoding::O200k),
+                    ..model
+                },
+            ),
+        ];
+        for (name, counting) in counting_models {
+            group.bench_with_input(BenchmarkId::new(name, label), &body, |b, body| {
+                b.iter(|| {
+                    let conversation = chat::parse(black_box(body.as_bytes())).expect("parses");
+                    black_box(over_trigger(&conversation, &under, &counting))
+                })
+            });
+        }
         let bounds = ModelBounds::of(&ModelTable::default());
         group.bench_with_input(
             BenchmarkId::new("under_trigger_size_bound", label),

@@ -12,7 +12,7 @@ use http::StatusCode;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::compaction::calibration::SampleClaim;
+use crate::compaction::calibration::{Learned, SampleClaim};
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
 use crate::compaction::front_ends::Api;
@@ -100,6 +100,23 @@ fn declares_stream(body: &[u8]) -> bool {
     })
 }
 
+/// One calibration sample, at debug: how far the count was from the upstream's before it.
+fn log_calibration(model: &str, counted: u64, learned: Learned) {
+    let (used, ratio) = match learned {
+        Learned::Used { ratio } => (true, ratio),
+        Learned::Outlier { ratio } => (false, ratio),
+    };
+    tracing::debug!(
+        target: "compactor::calibration",
+        model,
+        counted,
+        estimated = (ratio * counted as f64).round() as u64,
+        ratio = (ratio * 1000.0).round() / 1000.0,
+        used,
+        "calibration sample"
+    );
+}
+
 /// A forwarded body whose upstream count will calibrate its model's estimate: the body is
 /// held (a shared reference, not a copy) until the response reports its usage, then counted
 /// by class on the planner's pool, off the response path.
@@ -126,12 +143,13 @@ impl CalibrationSample {
                 claim,
             } = self;
             let planner_inner = inner.clone();
+            let claimed_model = model.clone();
             let learned = inner
                 .pool
                 .run(body.len(), move || {
                     let features = match api.front_end().parse(&body) {
                         Ok(Parsed::Conversation(conversation))
-                            if conversation.model.as_deref() == Some(model.as_str()) =>
+                            if conversation.model.as_deref() == Some(claimed_model.as_str()) =>
                         {
                             conversation.features()?
                         }
@@ -144,6 +162,7 @@ impl CalibrationSample {
                 })
                 .await;
             if let Offloaded::Done(Some(learned)) = learned {
+                log_calibration(&model, counted, learned);
                 inner.metrics.calibration(learned);
             }
         });
@@ -822,6 +841,7 @@ impl Inner {
                 (summary.input_tokens, windows.calibration_claim(&call.model))
             {
                 if let Some(learned) = windows.calibrate(claim, &features, counted) {
+                    log_calibration(&call.model, counted, learned);
                     self.metrics.calibration(learned);
                 }
             }

@@ -12,7 +12,8 @@
 //!
 //! Orchestration: `engine` (per request), `prepare` (the CPU part), `control` (the request's
 //! control headers), `scope` (tenant and fingerprint), `offload` (CPU work off the reactor),
-//! `windows` (each model's context window), `overflow` (an upstream's context-length error) and
+//! `windows` (each model's context window), `calibration` (each model's count learned from
+//! its upstream's usage), `overflow` (an upstream's context-length error) and
 //! `retry` (the one retry after it),
 //! `failure`, `outcome` and `reason` (what happened, and why).
 
