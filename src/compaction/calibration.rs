@@ -25,6 +25,9 @@ use crate::compaction::planner::tokens::{Weights, FEATURES};
 const CALIBRATED_MODELS: usize = 1024;
 /// Samples before a model's weights are used instead of the configured ratio.
 pub const MIN_SAMPLES: u64 = 3;
+/// A calibration is offered to the other replicas when it becomes usable and every this many
+/// samples after.
+const SHARE_EVERY: u64 = 16;
 /// Samples taken as fast as they come before the rate drops to one per [`SAMPLE_INTERVAL`].
 const EAGER_SAMPLES: u64 = 32;
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -86,6 +89,20 @@ impl Drop for SampleClaim {
     }
 }
 
+/// A model's calibration as replicas share it (through the summary store's shared tier).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SharedCalibration {
+    pub weights: Vec<f64>,
+    pub samples: u64,
+}
+
+impl SampleClaim {
+    /// Whether this model has learned nothing yet here: the moment to ask other replicas.
+    pub fn is_first(&self) -> bool {
+        lock(&self.fit).samples == 0
+    }
+}
+
 impl Default for Calibrations {
     fn default() -> Self {
         Calibrations {
@@ -140,25 +157,63 @@ impl Calibrations {
     /// Learns from the upstream's count `counted` of a body with these features.
     pub fn learn(
         &self,
-        claim: SampleClaim,
+        claim: &SampleClaim,
         features: &[f64; FEATURES],
         counted: u64,
     ) -> Option<Learned> {
-        let learned = {
-            let mut fit = lock(&claim.fit);
-            let learned = fit.learn(features, counted)?;
-            if matches!(learned, Learned::Used { .. }) && fit.samples >= MIN_SAMPLES {
-                self.max_per_byte.fetch_max(
-                    fit.weights.max_tokens_per_byte().to_bits(),
-                    Ordering::Relaxed,
-                );
-                let per_message = fit.weights.0[Weights::MESSAGE].ceil() as u64;
-                self.max_per_message
-                    .fetch_max(per_message, Ordering::Relaxed);
-            }
-            learned
-        };
+        let mut fit = lock(&claim.fit);
+        let learned = fit.learn(features, counted)?;
+        if matches!(learned, Learned::Used { .. }) && fit.samples >= MIN_SAMPLES {
+            self.raise_maxima(&fit.weights);
+        }
         Some(learned)
+    }
+
+    /// Starts a model that has learned little here from what other replicas learned: their
+    /// weights become its prior and its current fit.
+    pub fn seed(&self, claim: &SampleClaim, shared: &SharedCalibration) {
+        let Ok(weights) = <[f64; FEATURES]>::try_from(shared.weights.as_slice()) else {
+            return;
+        };
+        let sane = weights.iter().enumerate().all(|(j, w)| {
+            let upper = if j == Weights::MESSAGE {
+                MAX_MESSAGE_WEIGHT
+            } else {
+                MAX_CHAR_WEIGHT
+            };
+            w.is_finite() && (0.0..=upper).contains(w)
+        });
+        if !sane || shared.samples < MIN_SAMPLES {
+            return;
+        }
+        let mut fit = lock(&claim.fit);
+        if fit.samples >= MIN_SAMPLES {
+            return;
+        }
+        let weights = Weights(weights);
+        *fit = Fit {
+            samples: MIN_SAMPLES,
+            sampling: fit.sampling,
+            ..Fit::new(weights)
+        };
+        self.raise_maxima(&weights);
+    }
+
+    /// This model's calibration to offer the other replicas, when one is due.
+    pub fn to_share(&self, claim: &SampleClaim) -> Option<SharedCalibration> {
+        let fit = lock(&claim.fit);
+        let due = fit.samples == MIN_SAMPLES || (fit.samples > 0 && fit.samples % SHARE_EVERY == 0);
+        due.then(|| SharedCalibration {
+            weights: fit.weights.0.to_vec(),
+            samples: fit.samples,
+        })
+    }
+
+    fn raise_maxima(&self, weights: &Weights) {
+        self.max_per_byte
+            .fetch_max(weights.max_tokens_per_byte().to_bits(), Ordering::Relaxed);
+        self.max_per_message
+            .fetch_max(weights.0[Weights::MESSAGE].ceil() as u64, Ordering::Relaxed);
     }
 
     /// The most tokens per byte and per message any calibrated model may count, for the size
@@ -341,7 +396,7 @@ mod tests {
             for &kind in kinds {
                 let chars = CharCount::of_str(&text(kind, i));
                 let claim = calibrations.claim("m", Weights::prior(4.0)).unwrap();
-                calibrations.learn(claim, &chars.features(4), true_tokens(&chars, 4));
+                calibrations.learn(&claim, &chars.features(4), true_tokens(&chars, 4));
             }
         }
     }
@@ -381,12 +436,51 @@ mod tests {
         let chars = CharCount::of_str(&text(0, 0));
         let claim = calibrations.claim("m", Weights::prior(4.0)).unwrap();
         assert!(calibrations.claim("m", Weights::prior(4.0)).is_none());
-        let learned = calibrations.learn(claim, &chars.features(1), 10);
+        let learned = calibrations.learn(&claim, &chars.features(1), 10);
+        drop(claim);
         assert!(matches!(learned, Some(Learned::Outlier { .. })));
         // A dropped claim frees the model.
         drop(calibrations.claim("m", Weights::prior(4.0)));
         assert!(calibrations.claim("m", Weights::prior(4.0)).is_some());
         assert_eq!(calibrations.maxima(), (0.0, 0));
+    }
+
+    #[test]
+    fn a_shared_calibration_seeds_a_model_new_here_and_is_offered_when_due() {
+        let learned = Calibrations::default();
+        learn_some(&learned, &[0, 3], 2);
+        let claim = learned.claim("m", Weights::prior(4.0)).unwrap();
+        let shared = learned.to_share(&claim);
+        assert_eq!(
+            shared.as_ref().map(|s| s.samples),
+            None,
+            "4 samples: not due"
+        );
+        drop(claim);
+        learn_some(&learned, &[0, 3], 6);
+        let claim = learned.claim("m", Weights::prior(4.0)).unwrap();
+        let shared = learned.to_share(&claim).expect("16 samples: due");
+        drop(claim);
+
+        let fresh = Calibrations::default();
+        let claim = fresh.claim("m", Weights::prior(4.0)).unwrap();
+        assert!(claim.is_first());
+        fresh.seed(&claim, &shared);
+        assert_eq!(
+            fresh.weights("m").map(|w| w.0.to_vec()),
+            Some(shared.weights.clone())
+        );
+        assert!(fresh.maxima().0 > 0.0, "the size bound allows for it");
+        // Nonsense is not taken.
+        let other = fresh.claim("n", Weights::prior(4.0)).unwrap();
+        fresh.seed(
+            &other,
+            &SharedCalibration {
+                weights: vec![f64::NAN; FEATURES],
+                samples: 40,
+            },
+        );
+        assert_eq!(fresh.weights("n"), None);
     }
 
     #[test]

@@ -142,29 +142,36 @@ impl CalibrationSample {
                 body,
                 claim,
             } = self;
-            let planner_inner = inner.clone();
+            let (windows, store) = (&inner.planner.windows, &inner.planner.store);
+            // A model new here starts from what the other replicas learned of it.
+            if claim.is_first() && store.has_shared() {
+                if let Some(shared) = store.shared_calibration(&model).await {
+                    windows.seed_calibration(&claim, &shared);
+                }
+            }
             let claimed_model = model.clone();
-            let learned = inner
+            let features = inner
                 .pool
-                .run(body.len(), move || {
-                    let features = match api.front_end().parse(&body) {
-                        Ok(Parsed::Conversation(conversation))
-                            if conversation.model.as_deref() == Some(claimed_model.as_str()) =>
-                        {
-                            conversation.features()?
-                        }
-                        _ => return None,
-                    };
-                    planner_inner
-                        .planner
-                        .windows
-                        .calibrate(claim, &features, counted)
+                .run(body.len(), move || match api.front_end().parse(&body) {
+                    Ok(Parsed::Conversation(conversation))
+                        if conversation.model.as_deref() == Some(claimed_model.as_str()) =>
+                    {
+                        conversation.features()
+                    }
+                    _ => None,
                 })
                 .await;
-            if let Offloaded::Done(Some(learned)) = learned {
-                log_calibration(&model, counted, learned);
-                inner.metrics.calibration(learned);
+            let Offloaded::Done(Some(features)) = features else {
+                return;
+            };
+            let Some(learned) = windows.calibrate(&claim, &features, counted) else {
+                return;
+            };
+            if let Some(shared) = windows.calibration_to_share(&claim) {
+                store.share_calibration(&model, &shared).await;
             }
+            log_calibration(&model, counted, learned);
+            inner.metrics.calibration(learned);
         });
     }
 }
@@ -840,7 +847,7 @@ impl Inner {
             if let (Some(counted), Some(claim)) =
                 (summary.input_tokens, windows.calibration_claim(&call.model))
             {
-                if let Some(learned) = windows.calibrate(claim, &features, counted) {
+                if let Some(learned) = windows.calibrate(&claim, &features, counted) {
                     log_calibration(&call.model, counted, learned);
                     self.metrics.calibration(learned);
                 }

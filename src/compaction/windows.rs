@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use quick_cache::sync::Cache;
 
-use crate::compaction::calibration::{Calibrations, Learned as Calibrated, SampleClaim};
+use crate::compaction::calibration::{
+    Calibrations, Learned as Calibrated, SampleClaim, SharedCalibration,
+};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::size_bound::ModelBounds;
 use crate::compaction::planner::tokens::{Encoding, ModelTable, TokenModel, Weights, FEATURES};
@@ -104,11 +106,21 @@ impl Windows {
 
     pub fn calibrate(
         &self,
-        claim: SampleClaim,
+        claim: &SampleClaim,
         features: &[f64; FEATURES],
         counted: u64,
     ) -> Option<Calibrated> {
         self.learned.calibrations.learn(claim, features, counted)
+    }
+
+    /// Starts the claimed model from what other replicas learned.
+    pub fn seed_calibration(&self, claim: &SampleClaim, shared: &SharedCalibration) {
+        self.learned.calibrations.seed(claim, shared);
+    }
+
+    /// The claimed model's calibration to offer other replicas, when due.
+    pub fn calibration_to_share(&self, claim: &SampleClaim) -> Option<SharedCalibration> {
+        self.learned.calibrations.to_share(claim)
     }
 
     /// Waits until every calibration sample claimed so far is learned from or given up.

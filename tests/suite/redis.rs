@@ -8,6 +8,7 @@ use std::process::Stdio;
 use crate::common::*;
 use mock_upstream::{MockHandle, MockMode, MockOptions};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 /// A `redis-server` of its own on a free loopback port, killed when dropped.
 struct RedisServer {
@@ -499,4 +500,70 @@ async fn a_key_of_the_same_name_in_another_deployment_is_another_tenant() {
         "summarized"
     );
     assert_eq!(upstreams.summarizer.chat_calls(), 3);
+}
+
+#[tokio::test]
+async fn a_replica_starts_from_the_calibration_another_learned() {
+    let redis = RedisServer::start().await;
+    // An upstream that counts with a real tokenizer and reports it in `usage`.
+    let upstreams = Upstreams {
+        upstream: mock(MockOptions {
+            counting: mock_upstream::window::Counting::Cl100k,
+            ..MockOptions::default()
+        })
+        .await,
+        summarizer: mock(MockOptions {
+            mode: MockMode::Summarizer,
+            ..MockOptions::default()
+        })
+        .await,
+    };
+    let first = Replica::start(&upstreams, &redis).await;
+    let second = Replica::start(&upstreams, &redis).await;
+    let send = |replica: &Replica, tag: &str| {
+        let body = json!({"model": "local-model", "messages": conversation(tag, 3)}).to_string();
+        let url = format!("http://{}/v1/chat/completions", replica.addr);
+        async move {
+            roundtrip(
+                &client(),
+                json_request(&url, body, &[("authorization", "Bearer tenant")]),
+            )
+            .await
+        }
+    };
+    let used = r#"compactor_token_calibration_samples_total{result="used"}"#;
+    for i in 0..3 {
+        assert_eq!(send(&first, &format!("a{i}")).await.status, 200);
+    }
+    // The first replica offers its calibration once usable (three samples of the model).
+    let digest: String = Sha256::digest(b"local-model")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let key = format!("test:c:{digest}");
+    let mut connection = redis.connection().await.expect("redis");
+    let offered = async {
+        loop {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap_or(false);
+            if exists {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(BOUND, offered)
+        .await
+        .expect("the calibration is offered in time");
+    // One sample of its own would leave the second replica on the bare estimate (it takes
+    // three); it starts from the first's calibration instead. (A conversation the first
+    // summarized is reused from Redis: no summarizer call, so the one sample is the chat's.)
+    assert_eq!(send(&second, "a0").await.status, 200);
+    second.wait_metric(used, 1.0).await;
+    let response = send(&second, "a1").await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.headers["x-compactor-tokens-count"], "calibrated");
 }

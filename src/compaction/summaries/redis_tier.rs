@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo, Value};
+use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
+use crate::compaction::calibration::SharedCalibration;
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::summaries::cache::CacheKey;
 use crate::config::RedisConfig;
@@ -197,6 +199,35 @@ impl RedisTier {
             return;
         };
         let name = self.inner.key("s", key);
+        let value = self.inner.seal(&name, &json);
+        let mut command = redis::cmd("SET");
+        command
+            .arg(&name)
+            .arg(value)
+            .arg("PX")
+            .arg(millis(self.inner.ttl));
+        self.inner.run(command).await;
+    }
+
+    /// The calibration of `model` a replica of this deployment stored.
+    pub async fn calibration(&self, model: &str) -> Option<SharedCalibration> {
+        let name = self
+            .inner
+            .key("c", &Sha256::digest(model.as_bytes()).into());
+        let mut command = redis::cmd("GET");
+        command.arg(&name);
+        let value = self.inner.run(command).await?;
+        let json = open_bytes(&self.inner.signing_key, &name, &value)?;
+        serde_json::from_slice(json).ok()
+    }
+
+    pub async fn put_calibration(&self, model: &str, shared: &SharedCalibration) {
+        let Ok(json) = serde_json::to_vec(shared) else {
+            return;
+        };
+        let name = self
+            .inner
+            .key("c", &Sha256::digest(model.as_bytes()).into());
         let value = self.inner.seal(&name, &json);
         let mut command = redis::cmd("SET");
         command
@@ -422,8 +453,8 @@ fn seal(signing_key: &[u8], name: &str, json: &[u8]) -> Vec<u8> {
     value
 }
 
-/// The summary under `name` when its value is one this deployment wrote.
-fn open(signing_key: &[u8], name: &str, value: &Value) -> Option<CachedSummary> {
+/// The JSON under `name` when its value is one this deployment wrote.
+fn open_bytes<'v>(signing_key: &[u8], name: &str, value: &'v Value) -> Option<&'v [u8]> {
     use hmac::Mac as _;
     let Value::BulkString(bytes) = value else {
         return None;
@@ -435,6 +466,12 @@ fn open(signing_key: &[u8], name: &str, value: &Value) -> Option<CachedSummary> 
     let (expected, json) = rest.split_at(TAG_BYTES);
     // Constant time: a forger learns nothing from how fast a wrong tag is refused.
     tag(signing_key, name, json).verify_slice(expected).ok()?;
+    Some(json)
+}
+
+/// The summary under `name` when its value is one this deployment wrote.
+fn open(signing_key: &[u8], name: &str, value: &Value) -> Option<CachedSummary> {
+    let json = open_bytes(signing_key, name, value)?;
     let summary: CachedSummary = serde_json::from_slice(json).ok()?;
     (summary.cut > 0 && !summary.text.trim().is_empty()).then_some(summary)
 }

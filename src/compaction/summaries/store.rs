@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::compaction::calibration::SharedCalibration;
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::structure::Split;
 use crate::compaction::summaries::cache::{CacheKey, SummaryCache};
@@ -129,6 +130,18 @@ impl SummaryStore {
     }
 
     /// Keeps a summary just made, in every tier; `ahead`: made ahead of need.
+    /// What other replicas learned of `model`'s count, when there is a shared tier.
+    pub async fn shared_calibration(&self, model: &str) -> Option<SharedCalibration> {
+        self.shared.as_ref()?.calibration(model).await
+    }
+
+    /// Offers this replica's calibration of `model` to the others.
+    pub async fn share_calibration(&self, model: &str, shared: &SharedCalibration) {
+        if let Some(tier) = &self.shared {
+            tier.put_calibration(model, shared).await;
+        }
+    }
+
     pub async fn keep(&self, key: CacheKey, summary: &Arc<CachedSummary>, ahead: bool) {
         if ahead {
             self.local.mark_made_ahead(key);
