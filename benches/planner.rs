@@ -181,6 +181,19 @@ fn benches(c: &mut Criterion) {
                     ..model
                 },
             ),
+            (
+                "count_exact_tokenizer_json",
+                TokenModel {
+                    exact: Some(
+                        Encoding::from_file(concat!(
+                            env!("CARGO_MANIFEST_DIR"),
+                            "/tests/fixtures/tokenizer.json"
+                        ))
+                        .expect("the fixture loads"),
+                    ),
+                    ..model
+                },
+            ),
         ];
         for (name, counting) in counting_models {
             group.bench_with_input(BenchmarkId::new(name, label), &body, |b, body| {

@@ -195,6 +195,9 @@ pub struct ModelConfig {
     /// The model's tokenizer, for exact counts near a trigger: `o200k`, `cl100k`, or
     /// `estimate` for none. Default: OpenAI's encoding for OpenAI model names, else none.
     pub tokenizer: Option<TokenizerChoice>,
+    /// A Hugging Face `tokenizer.json` to count this model with near a trigger (an open model
+    /// served by vLLM, SGLang, llama.cpp…); takes precedence over `tokenizer`.
+    pub tokenizer_file: Option<String>,
 }
 
 /// A `models[].tokenizer` value.

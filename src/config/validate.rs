@@ -101,6 +101,11 @@ impl Config {
             if model.max_input_tokens == Some(0) {
                 problems.push(format!("{key}.max_input_tokens: must be > 0"));
             }
+            if let Some(path) = &model.tokenizer_file {
+                if let Err(e) = crate::compaction::planner::tokens::Encoding::from_file(path) {
+                    problems.push(format!("{key}.tokenizer_file: cannot load {path}: {e}"));
+                }
+            }
             if let Some(cpt) = model.chars_per_token {
                 if !(cpt.is_finite() && cpt > 0.0) {
                     problems.push(format!("{key}.chars_per_token: must be > 0"));

@@ -503,3 +503,38 @@ async fn an_openai_model_near_its_trigger_is_counted_with_its_own_tokenizer() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_open_model_is_counted_with_its_tokenizer_json() {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer.json");
+    let missing = format!(
+        "upstreams:\n  - name: chat\n    base_url: http://127.0.0.1:9/v1\nmodels:\n  - match: \"local-*\"\n    tokenizer_file: {fixture}.missing\n"
+    );
+    let refused = compactor::config::Config::from_yaml(&missing).expect_err("refused");
+    assert!(refused.to_string().contains("tokenizer_file"), "{refused}");
+
+    let chat = mock(MockOptions::default()).await;
+    let yaml = format!(
+        "upstreams:\n  - name: chat\n    base_url: {}\nmodels:\n  - match: \"local-*\"\n    tokenizer_file: {fixture}\nsummarization:\n  enabled: true\n  trigger: [{{type: tokens, value: 6000}}]\n",
+        chat.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    let mut rng = Rng(0x70c_e11);
+    let mut messages = conversation(Class::Prose, &mut rng, 1);
+    while (body(&messages).to_string().len() as f64) < 6_000.0 * 3.3 {
+        let question = messages.pop().expect("the last question");
+        messages.extend(turn(Class::Prose, &mut rng, messages.len()));
+        messages.push(question);
+    }
+    let response = roundtrip(
+        &client(),
+        json_request(
+            &proxy.url("/v1/chat/completions"),
+            body(&messages).to_string(),
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(header(&response, "x-compactor-tokens-count"), "exact");
+}

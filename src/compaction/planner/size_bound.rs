@@ -183,6 +183,7 @@ mod tests {
             chars_per_token: Some(2.5),
             image_tokens: Some(200),
             tokenizer: None,
+            tokenizer_file: None,
         }])
     }
 

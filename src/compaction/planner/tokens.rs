@@ -70,20 +70,67 @@ impl Weights {
 }
 
 /// A real tokenizer compactor carries: OpenAI's encodings (the `bpe-openai` crate, built once
-/// per process on first use).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// per process on first use), or a Hugging Face `tokenizer.json` a `models` entry names (loaded
+/// once per path and kept for the process, so reloads do not load it again).
+#[derive(Clone, Copy)]
 pub enum Encoding {
     O200k,
     Cl100k,
+    File(&'static tokenizers::Tokenizer),
 }
+
+impl PartialEq for Encoding {
+    fn eq(&self, other: &Encoding) -> bool {
+        match (self, other) {
+            (Encoding::O200k, Encoding::O200k) | (Encoding::Cl100k, Encoding::Cl100k) => true,
+            (Encoding::File(a), Encoding::File(b)) => std::ptr::eq(*a, *b),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Encoding::O200k => "O200k",
+            Encoding::Cl100k => "Cl100k",
+            Encoding::File(_) => "File",
+        })
+    }
+}
+
+/// Every `tokenizer.json` loaded, by path: one copy per process whatever the reloads.
+static LOADED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, &'static tokenizers::Tokenizer>>,
+> = std::sync::LazyLock::new(Default::default);
 
 impl Encoding {
     pub fn count(self, text: &str) -> u64 {
         let tokenizer = match self {
             Encoding::O200k => bpe_openai::o200k_base(),
             Encoding::Cl100k => bpe_openai::cl100k_base(),
+            Encoding::File(tokenizer) => {
+                // Special tokens are the template's, which the per-message overhead stands for.
+                return tokenizer
+                    .encode_fast(text, false)
+                    .map_or(0, |encoding| encoding.len() as u64);
+            }
         };
         tokenizer.count(text) as u64
+    }
+
+    /// The tokenizer in a Hugging Face `tokenizer.json`, loaded once per path.
+    pub fn from_file(path: &str) -> Result<Encoding, String> {
+        let mut loaded = LOADED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(tokenizer) = loaded.get(path) {
+            return Ok(Encoding::File(tokenizer));
+        }
+        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|e| e.to_string())?;
+        let tokenizer: &'static tokenizers::Tokenizer = Box::leak(Box::new(tokenizer));
+        loaded.insert(path.to_string(), tokenizer);
+        Ok(Encoding::File(tokenizer))
     }
 
     /// OpenAI's encoding for one of its model names.
@@ -140,6 +187,9 @@ impl Default for TokenModel {
 #[derive(Debug, Clone, Default)]
 pub struct ModelTable {
     entries: Vec<(WildMatch, ModelConfig)>,
+    /// Each entry's `tokenizer_file`, loaded (a file that does not load was refused when the
+    /// configuration was checked).
+    files: Vec<Option<Encoding>>,
 }
 
 impl ModelTable {
@@ -148,6 +198,14 @@ impl ModelTable {
             entries: models
                 .iter()
                 .map(|m| (WildMatch::new(&m.pattern), m.clone()))
+                .collect(),
+            files: models
+                .iter()
+                .map(|m| {
+                    m.tokenizer_file
+                        .as_deref()
+                        .and_then(|path| Encoding::from_file(path).ok())
+                })
                 .collect(),
         }
     }
@@ -196,11 +254,14 @@ impl ModelTable {
     /// OpenAI's encoding for an OpenAI model name.
     pub fn encoding(&self, model: Option<&str>) -> Option<Encoding> {
         let model = model.unwrap_or("");
-        let choice = self
+        let found = self
             .entries
             .iter()
-            .find(|(glob, _)| glob.matches(model))
-            .and_then(|(_, entry)| entry.tokenizer);
+            .position(|(glob, _)| glob.matches(model));
+        if let Some(file) = found.and_then(|i| self.files[i]) {
+            return Some(file);
+        }
+        let choice = found.and_then(|i| self.entries[i].1.tokenizer);
         Encoding::of_choice(choice, model)
     }
 }
@@ -557,6 +618,21 @@ mod tests {
     }
 
     #[test]
+    fn a_tokenizer_file_counts_an_open_model_and_is_loaded_once() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer.json");
+        let table = ModelTable::new(&[ModelConfig {
+            pattern: "local-*".into(),
+            tokenizer_file: Some(path.into()),
+            ..ModelConfig::default()
+        }]);
+        let encoding = table.encoding(Some("local-model")).expect("loaded");
+        // The fixture's BPE (trained on this project's generated prose) knows these words.
+        assert_eq!(encoding.count("the deployment failed"), 4);
+        assert_eq!(Encoding::from_file(path), Ok(encoding), "the same copy");
+        assert!(Encoding::from_file("/nonexistent/tokenizer.json").is_err());
+    }
+
+    #[test]
     fn calibrated_weights_replace_the_ratio() {
         let chars = CharCount::of_str("日本語 text");
         let plain = TokenModel::default();
@@ -615,6 +691,7 @@ mod tests {
             chars_per_token: None,
             image_tokens: Some(170),
             tokenizer: None,
+            tokenizer_file: None,
         }]);
         let gpt = table.lookup(Some("gpt-4o-mini"));
         assert_eq!(gpt.max_input_tokens, Some(128_000));
