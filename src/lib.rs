@@ -19,6 +19,7 @@ pub mod lean_client;
 pub mod metrics;
 pub mod notice;
 pub mod operate;
+pub mod poison;
 pub mod proxy;
 pub mod relay;
 pub mod routing;

@@ -1,6 +1,7 @@
 //! The listener: HTTP/1.1 and h2c (prior knowledge) on one port, a bound on connections, idle
 //! and slow connections reaped, graceful shutdown.
 
+use crate::poison::lock;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -97,12 +98,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         lock(&self.registry).remove(self.id);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Registry {

@@ -12,6 +12,7 @@
 //! are bounded (least used forgotten), and samples are taken sparingly: all of a model's first
 //! [`EAGER_SAMPLES`], then one a second, never two at once.
 
+use crate::poison::lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -357,12 +358,6 @@ fn gaussian(a: &mut [Vec<f64>], b: &mut [f64]) -> Option<Vec<f64>> {
         x[row] = (b[row] - rest) / a[row][row];
     }
     x.iter().all(|v| v.is_finite()).then_some(x)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! then the plan, then a cached summary or one shared summarizer run, then the splice. Whatever
 //! goes wrong, the original request is forwarded unless `fail_mode: closed` refuses it.
 
+use crate::poison::lock;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -81,12 +82,6 @@ impl Drop for Running {
         lock(&background.bases).remove(&self.base);
         background.running.send_modify(|n| *n = n.saturating_sub(1));
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Whether a request body asks for a streamed answer: a top-level `"stream": true` (a key

@@ -2,8 +2,9 @@
 //! per-tenant rate, and a circuit breaker that stops calling a summarizer that keeps failing.
 //! Past any of them compaction fails open (the original request is forwarded).
 
+use crate::poison::lock;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -65,12 +66,6 @@ impl Drop for Ticket {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl SummarizerBudget {

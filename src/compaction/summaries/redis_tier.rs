@@ -16,6 +16,7 @@
 //! locally, a warning says so and `compactor_redis_up` drops to 0) and one probe after the
 //! cooldown closes it again.
 
+use crate::poison::lock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -195,11 +196,14 @@ impl RedisTier {
     }
 
     pub async fn put(&self, key: &CacheKey, summary: &CachedSummary) {
-        let Ok(json) = serde_json::to_vec(summary) else {
-            return;
-        };
-        let name = self.inner.key("s", key);
-        let value = self.inner.seal(&name, &json);
+        if let Ok(json) = serde_json::to_vec(summary) {
+            self.put_sealed(self.inner.key("s", key), &json).await;
+        }
+    }
+
+    /// Stores `json` under `name`, sealed with the deployment's key, for the summaries' TTL.
+    async fn put_sealed(&self, name: String, json: &[u8]) {
+        let value = self.inner.seal(&name, json);
         let mut command = redis::cmd("SET");
         command
             .arg(&name)
@@ -222,20 +226,12 @@ impl RedisTier {
     }
 
     pub async fn put_calibration(&self, model: &str, shared: &SharedCalibration) {
-        let Ok(json) = serde_json::to_vec(shared) else {
-            return;
-        };
-        let name = self
-            .inner
-            .key("c", &Sha256::digest(model.as_bytes()).into());
-        let value = self.inner.seal(&name, &json);
-        let mut command = redis::cmd("SET");
-        command
-            .arg(&name)
-            .arg(value)
-            .arg("PX")
-            .arg(millis(self.inner.ttl));
-        self.inner.run(command).await;
+        if let Ok(json) = serde_json::to_vec(shared) {
+            let name = self
+                .inner
+                .key("c", &Sha256::digest(model.as_bytes()).into());
+            self.put_sealed(name, &json).await;
+        }
     }
 
     pub async fn mark_too_large(&self, flight: &CacheKey) {
@@ -492,12 +488,6 @@ fn owner_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let digest = Sha256::digest(format!("{host}/{}/{now}/{sequence}", std::process::id()));
     digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
