@@ -147,4 +147,15 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":36,"input
         assert_eq!(tap(&[echoed]), None);
         assert_eq!(tap(&["not json at all"]), None);
     }
+
+    #[test]
+    fn the_input_total_adds_anthropics_cache_counts_and_nothing_to_openais() {
+        let mut messages = UsageTap::default();
+        messages.observe(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":300,\"cache_read_input_tokens\":2000,\"output_tokens\":1}}}\n\n");
+        assert_eq!(messages.input_total(), Some(2312));
+        let mut chat = UsageTap::default();
+        chat.observe(br#"{"usage":{"prompt_tokens":900,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":512}}}"#);
+        assert_eq!(chat.input_total(), Some(900));
+        assert_eq!(UsageTap::default().input_total(), None);
+    }
 }
