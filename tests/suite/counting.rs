@@ -321,20 +321,18 @@ async fn tokenized(summarizer_window: u64, summarization: &str) -> Tokenized {
     }
 }
 
+/// A chat completion through the proxy.
+async fn post(proxy: &Proxy, body: &Value) -> Collected {
+    let url = proxy.url("/v1/chat/completions");
+    roundtrip(&client(), json_request(&url, body.to_string(), &[])).await
+}
+
 async fn send(stack: &Tokenized, messages: &[Value], stream: bool) -> Collected {
     let mut body = body(messages);
     if stream {
         body["stream"] = json!(true);
     }
-    let response = roundtrip(
-        &client(),
-        json_request(
-            &stack.proxy.url("/v1/chat/completions"),
-            body.to_string(),
-            &[],
-        ),
-    )
-    .await;
+    let response = post(&stack.proxy, &body).await;
     // The sample this response gave is learned before the next request is counted.
     if let Some(engine) = stack.proxy.app.compaction() {
         tokio::time::timeout(BOUND, engine.calibrations_idle())
@@ -486,11 +484,7 @@ async fn an_openai_model_near_its_trigger_is_counted_with_its_own_tokenizer() {
             messages.push(question);
         }
         let request = json!({"model": "gpt-4o-mini", "messages": messages});
-        let response = roundtrip(
-            &client(),
-            json_request(&proxy.url("/v1/chat/completions"), request.to_string(), &[]),
-        )
-        .await;
+        let response = post(&proxy, &request).await;
         assert_eq!(response.status, 200, "{}", response.text());
         assert_eq!(header(&response, "x-compactor-tokens-count"), "exact");
         let counted: u64 = header(&response, "x-compactor-tokens-before")
@@ -526,15 +520,7 @@ async fn an_open_model_is_counted_with_its_tokenizer_json() {
         messages.extend(turn(Class::Prose, &mut rng, messages.len()));
         messages.push(question);
     }
-    let response = roundtrip(
-        &client(),
-        json_request(
-            &proxy.url("/v1/chat/completions"),
-            body(&messages).to_string(),
-            &[],
-        ),
-    )
-    .await;
+    let response = post(&proxy, &body(&messages)).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(header(&response, "x-compactor-tokens-count"), "exact");
 }

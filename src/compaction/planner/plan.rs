@@ -503,13 +503,7 @@ pub fn over_trigger(
     settings: &PlanSettings,
     model: &TokenModel,
 ) -> (bool, u64) {
-    let tokens =
-        conversation.schema_tokens(model) + conversation.message_tokens(model).iter().sum::<u64>();
-    let thresholds = thresholds(settings, model, conversation.output_reserve);
-    (
-        over_any(&thresholds, tokens, conversation.messages.len() as u64, 1.0),
-        tokens,
-    )
+    over_share(conversation, settings, model, 1.0)
 }
 
 /// Whether the request reaches `share ×` any trigger (the model's window included).
@@ -519,15 +513,21 @@ pub fn reaches_share(
     model: &TokenModel,
     share: f64,
 ) -> bool {
+    over_share(conversation, settings, model, share).0
+}
+
+/// Whether the request reaches `share ×` any trigger, and its tokens.
+fn over_share(
+    conversation: &Conversation<'_>,
+    settings: &PlanSettings,
+    model: &TokenModel,
+    share: f64,
+) -> (bool, u64) {
     let tokens =
         conversation.schema_tokens(model) + conversation.message_tokens(model).iter().sum::<u64>();
     let thresholds = thresholds(settings, model, conversation.output_reserve);
-    over_any(
-        &thresholds,
-        tokens,
-        conversation.messages.len() as u64,
-        share,
-    )
+    let messages = conversation.messages.len() as u64;
+    (over_any(&thresholds, tokens, messages, share), tokens)
 }
 
 /// The configured triggers, and the model's window: a request that reaches the window is
