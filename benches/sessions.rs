@@ -1,7 +1,8 @@
-//! Simulated 100-turn sessions through the real compaction engine, with a summarizer that
-//! answers realistic 1 000-token summaries: what compaction costs and how often it reuses,
-//! then the agent session under each stage setting (summaries on demand, made ahead, tool
-//! outputs cleared first). `cargo bench --bench sessions` prints the two tables.
+//! Simulated 200-request sessions through the real compaction engine, with a summarizer that
+//! answers realistic 1 000-token summaries: how often a summary is reused at the shipped
+//! defaults and at a tight scale, against headroom alone and against the bound (only the
+//! latest step kept), then the agent session under each stage setting (summaries on demand,
+//! made ahead, tool outputs cleared first). `cargo bench --bench sessions` prints both tables.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use compactor::compaction::engine::CompactionEngine;
 use compactor::compaction::front_ends::Api;
+use compactor::compaction::planner::tokens::Encoding;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summaries::summarizer::{
     Summarizer, Summary, SummaryFuture, SummaryRequest,
@@ -22,22 +24,22 @@ use serde_json::{json, Value};
 #[derive(Default)]
 struct Counting {
     calls: AtomicU64,
-    /// Estimated like compactor does: four narrow characters or one wide one per token.
+    /// Counted with gpt-4o's own encoding, as the conversation's tokens are.
     input_tokens: AtomicU64,
 }
 
 impl Summarizer for Counting {
     fn summarize(&self, request: SummaryRequest) -> SummaryFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let wide = request.prompt.chars().filter(|c| !c.is_ascii()).count() as u64;
-        let narrow = request.prompt.chars().count() as u64 - wide;
-        self.input_tokens
-            .fetch_add(narrow / 4 + wide, Ordering::Relaxed);
+        let tokens = Encoding::for_model("gpt-4o").map_or(0, |e| e.count(&request.prompt));
+        self.input_tokens.fetch_add(tokens, Ordering::Relaxed);
         Box::pin(async { Ok(Summary::from("The session so far, in short. ".repeat(130))) })
     }
 }
 
-const CONFIG: &str = r#"
+/// The two scales of the reuse table: the shipped defaults on a 128k model, and a tight one
+/// (a 32k window with a `fraction: 0.5` trigger) where a turn is a large share of the trigger.
+const DEFAULT_SCALE: &str = r#"
 upstreams:
   - name: mock
     base_url: http://127.0.0.1:9/v1
@@ -46,36 +48,66 @@ models:
     max_input_tokens: 128000
 summarization:
   enabled: true
-  trigger: [{type: tokens, value: 30000}]
-  keep: {type: messages, value: 20}
   max_calls_per_minute_per_tenant: 100000
 "#;
 
-fn turn(kind: &str, i: usize, messages: &mut Vec<Value>) {
-    let text = |unit: &str, n: usize| format!("{i}: {}", unit.repeat(n));
+const TIGHT_SCALE: &str = r#"
+upstreams:
+  - name: mock
+    base_url: http://127.0.0.1:9/v1
+models:
+  - match: "gpt-4o*"
+    max_input_tokens: 32000
+summarization:
+  enabled: true
+  trigger: [{type: fraction, value: 0.5}]
+  max_calls_per_minute_per_tenant: 100000
+"#;
+
+/// Requests per session: each sends the conversation so far and appends the model's answer.
+const REQUESTS: usize = 200;
+
+/// A deterministic spread of sizes (a 64-bit LCG), so tool outputs and answers vary the way
+/// real ones do without the bench depending on a random seed.
+fn spread(i: usize, salt: u64, low: usize, high: usize) -> usize {
+    let x = (i as u64 ^ salt)
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    low + (x >> 33) as usize % (high - low + 1)
+}
+
+/// One request's worth of conversation: a chat turn is the user's message (the answer is
+/// appended after the request); an agent step is the model's call and the tool's output, with a
+/// user message every fifth step. Sizes in characters: chat about 150 + 400 tokens a turn,
+/// code agent 200–2 000 tokens per file read, CJK agent 500–3 500 (one token a character).
+fn step(kind: &str, i: usize, messages: &mut Vec<Value>) {
+    let text = |unit: &str, n: usize| format!("{i}: {}", unit.repeat(n.max(1)));
     match kind {
-        "chat" => {
-            messages.push(
-                json!({"role": "user", "content": text("Please explain the next part. ", 20)}),
-            );
-            messages.push(json!({"role": "assistant", "content": text("Here is the explanation in detail. ", 45)}));
-        }
+        "chat" => messages.push(
+            json!({"role": "user", "content": text("Please explain the next part. ", spread(i, 1, 10, 30))}),
+        ),
         _ => {
-            let unit = if kind == "cjk-agent" {
-                "读取文件并修复错误。"
-            } else {
-                "fn step() { run(); }\n"
-            };
             if i % 5 == 0 {
                 messages
                     .push(json!({"role": "user", "content": text("Continue with the task. ", 10)}));
             }
             let id = format!("call_{i}");
-            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"/repo/src/f{i}.rs\"}}")}}]}));
-            messages.push(json!({"role": "tool", "tool_call_id": id, "content": text(unit, if kind == "cjk-agent" { 60 } else { 100 })}));
-            messages
-                .push(json!({"role": "assistant", "content": text("Done with this file. ", 8)}));
+            messages.push(json!({"role": "assistant", "content": text("Done with the last file. ", 4), "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"/repo/src/f{i}.rs\"}}")}}]}));
+            let output = if kind == "cjk-agent" {
+                text("读取文件并修复错误。", spread(i, 2, 50, 350))
+            } else {
+                text("fn step() { run(); }\n", spread(i, 3, 38, 380))
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
         }
+    }
+}
+
+/// What the model answers a chat turn (an agent's answer is its next step's call).
+fn answer(kind: &str, i: usize, messages: &mut Vec<Value>) {
+    if kind == "chat" {
+        let text = "Here is the explanation in detail. ".repeat(spread(i, 4, 20, 70));
+        messages.push(json!({"role": "assistant", "content": format!("{i}: {text}")}));
     }
 }
 
@@ -93,9 +125,13 @@ const VARIANTS: [(&str, &str); 4] = [
     ),
 ];
 
-async fn session(kind: &str) -> String {
-    session_with(kind, "").await.row(kind)
-}
+/// The reuse table's settings: headroom alone (before `headroom_turns`), the shipped default,
+/// and the bound no cut can beat (headroom so low that only the latest step stays verbatim).
+const REUSE_VARIANTS: [(&str, &str); 3] = [
+    ("headroom only", "  headroom_turns: 0\n"),
+    ("default", ""),
+    ("bound", "  headroom: 0.01\n"),
+];
 
 /// What one session cost.
 struct Costs {
@@ -106,23 +142,13 @@ struct Costs {
     cleared: u64,
     calls: u64,
     input_tokens: u64,
-    coverage: Option<f64>,
+    /// Tokens forwarded, summed over the over-trigger turns.
+    forwarded: u64,
 }
 
 impl Costs {
-    fn row(&self, label: &str) -> String {
-        format!(
-            "| {label} | {} | {} | {} | {} | {:.2} | {:.0} % | {} |",
-            self.conversation_tokens,
-            self.over,
-            self.summarized,
-            self.calls,
-            self.input_tokens as f64 / self.conversation_tokens.max(1) as f64,
-            100.0 * self.reused as f64 / self.over.max(1) as f64,
-            self.coverage
-                .map(|c| format!("{:.0} %", c * 100.0))
-                .unwrap_or_else(|| "-".into()),
-        )
+    fn reuse(&self) -> f64 {
+        self.reused as f64 / self.over.max(1) as f64
     }
 
     fn stage_row(&self, label: &str) -> String {
@@ -133,19 +159,18 @@ impl Costs {
     }
 }
 
-async fn session_with(kind: &str, extra: &str) -> Costs {
-    let config = Config::from_yaml(&format!("{CONFIG}{extra}")).expect("valid");
+async fn session_with(scale: &str, trigger: u64, kind: &str, extra: &str) -> Costs {
+    let config = Config::from_yaml(&format!("{scale}{extra}")).expect("valid");
     let summarizer = Arc::new(Counting::default());
     let engine = CompactionEngine::with_summarizer(&config, summarizer.clone());
     let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
-    let (mut over, mut reused, mut summarized, mut cleared, mut coverage) =
-        (0u64, 0u64, 0u64, 0u64, None);
+    let (mut over, mut reused, mut summarized, mut cleared, mut forwarded) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut conversation_tokens = 0;
-    for i in 0..100 {
-        turn(kind, i, &mut messages);
-        messages.push(json!({"role": "user", "content": "next"}));
+    for i in 0..REQUESTS {
+        step(kind, i, &mut messages);
         let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
-        let Ok(compacted) = engine
+        let compacted = engine
             .compact(
                 &HeaderMap::new(),
                 Bytes::from(body),
@@ -153,25 +178,23 @@ async fn session_with(kind: &str, extra: &str) -> Costs {
                 Caller::default(),
                 Api::ChatCompletions,
             )
-            .await
-        else {
+            .await;
+        answer(kind, i, &mut messages);
+        let Ok(compacted) = compacted else {
             continue;
         };
         // A summary made ahead is ready before the next turn, as it is between turns of a
         // real session (the model's answer takes far longer than the summary).
         engine.background_idle().await;
-        messages.pop();
         let outcome = compacted.outcome;
         conversation_tokens = outcome.tokens_before;
-        if outcome.tokens_before >= 30_000 {
+        if outcome.tokens_before >= trigger {
             over += 1;
+            forwarded += outcome.tokens_after;
         }
         match outcome.kind {
             OutcomeKind::Reused => reused += 1,
-            OutcomeKind::Summarized => {
-                summarized += 1;
-                coverage = coverage.or(outcome.coverage);
-            }
+            OutcomeKind::Summarized => summarized += 1,
             OutcomeKind::Cleared => cleared += 1,
             _ => {}
         }
@@ -184,7 +207,7 @@ async fn session_with(kind: &str, extra: &str) -> Costs {
         cleared,
         calls: summarizer.calls.load(Ordering::Relaxed),
         input_tokens: summarizer.input_tokens.load(Ordering::Relaxed),
-        coverage,
+        forwarded,
     }
 }
 
@@ -193,16 +216,39 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("| session (100 turns) | final tokens | over-trigger turns | summarized | summarizer calls | summarizer input ÷ conversation | reuse rate (over-trigger turns) | first-compaction coverage |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for kind in ["chat", "agent", "cjk-agent"] {
-        println!("{}", runtime.block_on(session(kind)));
+    println!("| scale | session ({REQUESTS} requests) | final tokens | over-trigger turns | summarized (default) | summarizer input ÷ conversation | mean forwarded tokens, headroom only → default | reuse, headroom only | reuse, default | reuse bound (latest step only) |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let scales = [
+        (
+            "default (trigger 60 000, window 128k)",
+            DEFAULT_SCALE,
+            60_000,
+        ),
+        ("tight (window 32k, fraction 0.5)", TIGHT_SCALE, 16_000),
+    ];
+    for (scale_label, scale, trigger) in scales {
+        for kind in ["chat", "agent", "cjk-agent"] {
+            let [before, default, bound] = REUSE_VARIANTS
+                .map(|(_, extra)| runtime.block_on(session_with(scale, trigger, kind, extra)));
+            println!(
+                "| {scale_label} | {kind} | {} | {} | {} | {:.2} | {} → {} | {:.0} % | {:.0} % | {:.0} % |",
+                default.conversation_tokens,
+                default.over,
+                default.summarized,
+                default.input_tokens as f64 / default.conversation_tokens.max(1) as f64,
+                before.forwarded / before.over.max(1),
+                default.forwarded / default.over.max(1),
+                100.0 * before.reuse(),
+                100.0 * default.reuse(),
+                100.0 * bound.reuse(),
+            );
+        }
     }
     println!();
-    println!("| agent session (100 turns), stages | over-trigger turns | waited on the summarizer | reused | cleared only | summarizer calls | summarizer input tokens |");
+    println!("| agent session ({REQUESTS} requests, default scale), stages | over-trigger turns | waited on the summarizer | reused | cleared only | summarizer calls | summarizer input tokens |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (label, extra) in VARIANTS {
-        let costs = runtime.block_on(session_with("agent", extra));
+        let costs = runtime.block_on(session_with(DEFAULT_SCALE, 60_000, "agent", extra));
         println!("{}", costs.stage_row(label));
     }
 }

@@ -406,6 +406,12 @@ pub struct SummarizationConfig {
     pub summary_max_tokens: u64,
     /// After compaction the request must sit under `headroom × threshold`; null disables.
     pub headroom: Option<f64>,
+    /// With headroom on, the cut also leaves room for this many turns of the conversation's
+    /// own growth (what one request added, on average, over its latest steps) before the
+    /// trigger is reached again, so a fast-growing conversation reuses its summary for about
+    /// as many turns as a slow one. The room never takes more than half of what headroom
+    /// leaves. 0: headroom alone.
+    pub headroom_turns: u64,
     /// Summarizer call timeout.
     pub timeout_secs: f64,
     /// What happens when compaction was needed but could not run.
@@ -647,6 +653,7 @@ impl Default for SummarizationConfig {
             summary_placement: SummaryPlacement::Auto,
             summary_max_tokens: 1024,
             headroom: Some(0.75),
+            headroom_turns: 10,
             timeout_secs: 60.0,
             fail_mode: FailMode::Open,
             notice: NoticeMode::Comment,

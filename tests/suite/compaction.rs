@@ -8,7 +8,9 @@ use http::StatusCode;
 use mock_upstream::{MockFault, MockHandle, MockOptions};
 use serde_json::{json, Value};
 
-const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n  timeout_secs: 10\n  allow_force: true\n";
+/// Headroom alone (no turns of growth reserved), so the layouts below are `keep`'s and
+/// headroom's; room for growth has its own tests in `planner.rs`.
+const DEFAULT_SUMMARIZATION: &str = "  trigger: [{type: messages, value: 12}]\n  keep: {type: messages, value: 4}\n  headroom: 0.75\n  headroom_turns: 0\n  timeout_secs: 10\n  allow_force: true\n";
 
 async fn stack() -> Stack {
     stack_with(DEFAULT_SUMMARIZATION, MockOptions::default()).await

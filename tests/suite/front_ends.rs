@@ -162,6 +162,7 @@ fn settings(trigger: u64, keep: u64, headroom: Option<f64>) -> PlanSettings {
         triggers: vec![ContextSize::Tokens(trigger)],
         keep: ContextSize::Messages(keep),
         headroom,
+        headroom_turns: 10,
         summary_estimate_tokens: 30,
         min_span_tokens: 1,
         skills: SkillRescue {

@@ -71,6 +71,8 @@ fn settings(triggers: Vec<ContextSize>, keep: ContextSize, headroom: Option<f64>
         triggers,
         keep,
         headroom,
+        // The reference's cases: headroom alone moves the cut (growth room has its own tests).
+        headroom_turns: 0,
         summary_estimate_tokens: 50,
         // The reference's cases predate the span rule: any span is worth a summary here.
         min_span_tokens: 1,
@@ -996,4 +998,94 @@ fn once_a_summary_exists_its_real_size_decides_whether_a_new_span_is_worth_a_cal
         }
         other => panic!("an incremental summary, not {other:?}"),
     }
+}
+
+/// An agent run of `steps` tool calls after one question, each result about `tokens` tokens:
+/// every request adds one call and its result.
+fn agent_run(steps: usize, tokens: usize) -> Vec<Value> {
+    let mut messages = vec![system("sys"), user("fix the build")];
+    for step in 0..steps {
+        let id = format!("read-{step}");
+        messages.push(call_named(
+            &id,
+            "read_file",
+            json!({"path": format!("src/f{step}.rs")}),
+        ));
+        messages.push(result(&id, &"w".repeat(tokens * 4)));
+    }
+    messages
+}
+
+fn growth_settings(turns: u64) -> PlanSettings {
+    PlanSettings {
+        headroom_turns: turns,
+        summary_estimate_tokens: 100,
+        ..settings(
+            vec![ContextSize::Tokens(10_000)],
+            ContextSize::Messages(20),
+            Some(0.75),
+        )
+    }
+}
+
+/// How many more steps of `tokens` the compacted request takes before it reaches the trigger
+/// again: the requests that reuse this summary.
+fn steps_until_the_trigger(layout: &Layout, tokens: u64, trigger: u64) -> u64 {
+    trigger.saturating_sub(layout.projected_tokens) / tokens
+}
+
+#[test]
+fn the_cut_leaves_room_for_the_turns_of_growth_it_has_seen() {
+    // 600 tokens a step: headroom alone (7 500) leaves room for about 4 steps, ten turns of
+    // growth ask for 6 000 tokens of room.
+    let text = body(&agent_run(30, 600));
+    let headroom_only = run(&text, &growth_settings(0));
+    let with_growth = run(&text, &growth_settings(10));
+    let (plain, _) = summarize_layout(&headroom_only);
+    let (roomy, _) = summarize_layout(&with_growth);
+    assert!(
+        steps_until_the_trigger(plain, 600, 10_000) < 10,
+        "{plain:?}"
+    );
+    assert!(
+        steps_until_the_trigger(roomy, 600, 10_000) >= 9,
+        "{roomy:?}"
+    );
+    assert!(roomy.cut > plain.cut);
+    assert!(!roomy.headroom_unmet);
+}
+
+#[test]
+fn growth_too_fast_for_the_room_still_keeps_recent_steps() {
+    // 1 500 tokens a step: ten turns would take more than the whole trigger. The cut takes
+    // at most half of headroom for growth and keeps the latest steps verbatim, rather than
+    // cutting to the latest message.
+    let text = body(&agent_run(20, 1_500));
+    let planned = run(&text, &growth_settings(10));
+    let (layout, _) = summarize_layout(&planned);
+    let kept = rewritten(&text, layout);
+    let results = kept.iter().filter(|m| m["role"] == "tool").count();
+    assert!(results >= 2, "{} results kept: {layout:?}", results);
+    assert!(layout.projected_tokens < 7_500, "{layout:?}");
+}
+
+#[test]
+fn a_conversation_without_two_responses_yet_has_no_growth_to_leave_room_for() {
+    // One long question and no answer: growth is unknown, headroom alone decides.
+    let mut messages = vec![system("sys")];
+    for i in 0..20 {
+        messages.push(padded(user, 600));
+        if i == 0 {
+            messages.push(padded(assistant, 10));
+        }
+    }
+    let text = body(&messages);
+    let (headroom_only, with_growth) = (
+        run(&text, &growth_settings(0)),
+        run(&text, &growth_settings(10)),
+    );
+    assert_eq!(
+        summarize_layout(&headroom_only).0,
+        summarize_layout(&with_growth).0
+    );
 }

@@ -6,7 +6,7 @@
 //! [`crate::compaction::planner::rewrite::validate`] before a byte is sent.
 
 use crate::compaction::planner::clearing::{clear_outputs, Cleared};
-use crate::compaction::planner::conversation::{Conversation, PinnedText, Role};
+use crate::compaction::planner::conversation::{Conversation, Message, PinnedText, Role};
 use crate::compaction::planner::digest::{prefix_chain, Digest};
 use crate::compaction::planner::skills::{skill_bundles, SkillBundle, SkillRescue};
 use crate::compaction::planner::structure::{validate_layout, Groups, Layout, Split};
@@ -71,6 +71,8 @@ pub struct PlanSettings {
     pub keep: ContextSize,
     /// Compacted request must be under `headroom × threshold` for every trigger.
     pub headroom: Option<f64>,
+    /// Turns of observed growth the cut leaves room for, on top of headroom (with it on).
+    pub headroom_turns: u64,
     /// Size assumed for a summary that does not exist yet (`summary_max_tokens` + framing).
     pub summary_estimate_tokens: u64,
     /// The least a summary must cover to be worth a call: clearly more than the summary itself
@@ -91,6 +93,7 @@ impl PlanSettings {
             triggers: config.trigger.to_vec(),
             keep: config.keep,
             headroom: config.headroom,
+            headroom_turns: config.headroom_turns,
             // The summary message's framing ("Here is a summary…", role) on top of its text.
             summary_estimate_tokens: config.summary_max_tokens + 16,
             min_span_tokens: config.summary_max_tokens.saturating_mul(3) / 2,
@@ -261,6 +264,52 @@ struct Analysis {
     thresholds: Vec<Threshold>,
     model: TokenModel,
     skill_bundles: Vec<SkillBundle>,
+    growth: Growth,
+}
+
+/// What one request adds to a conversation, on average over its latest steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Growth {
+    tokens: u64,
+    messages: u64,
+}
+
+/// Steps averaged for a conversation's growth: recent enough to follow a change of pace
+/// (an agent moving from chat to reading files), enough to smooth one large tool output.
+const GROWTH_STEPS: usize = 8;
+
+impl Growth {
+    /// Each response is one request: a run of assistant messages (a Responses turn's reasoning,
+    /// calls and answer are several) after what the client sent. The span from one response to
+    /// the next is what one request added. Unknown (zero) before two responses.
+    fn of(messages: &[Message<'_>], suffix: &[u64], head: usize) -> Growth {
+        let is_answer = |role: Role| matches!(role, Role::Assistant | Role::Other);
+        let responses: Vec<usize> = (head..messages.len())
+            .filter(|&i| {
+                is_answer(messages[i].role) && (i == head || !is_answer(messages[i - 1].role))
+            })
+            .collect();
+        let recent = &responses[responses.len().saturating_sub(GROWTH_STEPS + 1)..];
+        let (Some(&first), Some(&last)) = (recent.first(), recent.last()) else {
+            return Growth::default();
+        };
+        let steps = (recent.len() - 1) as u64;
+        if steps == 0 {
+            return Growth::default();
+        }
+        Growth {
+            tokens: (suffix[first] - suffix[last]) / steps,
+            messages: (last - first) as u64 / steps,
+        }
+    }
+}
+
+/// What a compacted request must stay under: `factor ×` each threshold, and, with `turns`,
+/// the threshold less that many turns of the conversation's growth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Target {
+    factor: f64,
+    turns: u64,
 }
 
 /// What a layout must fit under, besides the factor of each threshold.
@@ -599,7 +648,9 @@ impl Analysis {
 
         let latest_user = messages.iter().rposition(|m| m.role == Role::User);
         let skill_bundles = skill_bundles(conversation, &settings.skills, &tokens, &groups);
+        let growth = Growth::of(messages, &suffix, head);
         Analysis {
+            growth,
             skill_bundles,
             tokens,
             suffix,
@@ -736,34 +787,48 @@ impl Analysis {
     /// Whether (tokens, messages) reach `factor ×` any threshold, with each threshold's coming
     /// growth counted in when planning ahead.
     fn over(&self, tokens: u64, messages: u64, factor: f64, goal: Goal) -> bool {
-        match goal {
-            Goal::Now => over_any(&self.thresholds, tokens, messages, factor),
-            Goal::AheadOf {
-                tokens: now_tokens,
-                messages: now_messages,
-            } => self.thresholds.iter().any(|t| {
-                let (measure, now) = match t {
-                    Threshold::Tokens(_) => (tokens, now_tokens),
-                    Threshold::Messages(_) => (messages, now_messages),
-                };
-                let growth = t.value().saturating_sub(now);
-                (measure + growth) as f64 >= factor * t.value() as f64
-            }),
-        }
+        self.over_target(tokens, messages, Target { factor, turns: 0 }, goal)
     }
 
-    /// Whether the compacted size satisfies headroom (strictly under `headroom × threshold`);
-    /// always, with headroom off (`keep` alone decides, as in the reference).
-    fn within_headroom(
-        &self,
-        tokens: u64,
-        messages: u64,
-        headroom: Option<f64>,
-        goal: Goal,
-    ) -> bool {
-        match headroom {
+    /// Whether (tokens, messages) reach any threshold's `target`, with each threshold's coming
+    /// growth counted in when planning ahead.
+    fn over_target(&self, tokens: u64, messages: u64, target: Target, goal: Goal) -> bool {
+        if target.turns == 0 && goal == Goal::Now {
+            return over_any(&self.thresholds, tokens, messages, target.factor);
+        }
+        self.thresholds.iter().any(|t| {
+            let (measure, per_turn) = match t {
+                Threshold::Tokens(_) => (tokens, self.growth.tokens),
+                Threshold::Messages(_) => (messages, self.growth.messages),
+            };
+            let coming = match goal {
+                Goal::Now => 0,
+                Goal::AheadOf {
+                    tokens: now_tokens,
+                    messages: now_messages,
+                } => t.value().saturating_sub(match t {
+                    Threshold::Tokens(_) => now_tokens,
+                    Threshold::Messages(_) => now_messages,
+                }),
+            };
+            let mut limit = target.factor * t.value() as f64;
+            if target.turns > 0 {
+                // Room for growth never takes more than half of what headroom leaves: past
+                // that, a faster conversation would be cut to its latest message and lose the
+                // recent turns the model needs more than it needs a longer reuse.
+                let room = target.turns.saturating_mul(per_turn) as f64;
+                limit = limit.min((t.value() as f64 - room).max(limit / 2.0));
+            }
+            (measure + coming) as f64 >= limit
+        })
+    }
+
+    /// Whether the compacted size satisfies `target` (strictly under it); always, with
+    /// headroom off (`keep` alone decides, as in the reference).
+    fn within(&self, tokens: u64, messages: u64, target: Option<Target>, goal: Goal) -> bool {
+        match target {
             None => true,
-            Some(h) => !self.over(tokens, messages, h, goal),
+            Some(target) => !self.over_target(tokens, messages, target, goal),
         }
     }
 
@@ -874,7 +939,7 @@ impl Analysis {
         carried: &[usize],
         mut excluded: Vec<usize>,
         summary_tokens: u64,
-        factor: f64,
+        target: Target,
         goal: Goal,
     ) -> (Vec<usize>, Vec<Split>) {
         let skills = &settings.skills;
@@ -902,7 +967,7 @@ impl Analysis {
             }
             let with_tokens = tokens + bundle.tokens;
             let with_messages = messages + bundle.members.len() as u64;
-            if self.over(with_tokens, with_messages, factor, goal) {
+            if self.over_target(with_tokens, with_messages, target, goal) {
                 continue;
             }
             (tokens, messages) = (with_tokens, with_messages);
@@ -924,7 +989,8 @@ impl Analysis {
     }
 
     /// Advances `cut` group by group until the compacted request (moved user included) is
-    /// within headroom, then rescues what still fits.
+    /// within headroom with room for `headroom_turns` of growth (else as far as it goes: the
+    /// minimal tail), then rescues what still fits.
     fn apply_headroom(
         &self,
         settings: &PlanSettings,
@@ -942,7 +1008,8 @@ impl Analysis {
         }
     }
 
-    /// The layout of one cut (with the summary's estimate), and whether it is within headroom.
+    /// The layout of one cut (with the summary's estimate), and whether it is within headroom
+    /// with room for the turns of growth asked for.
     fn layout_at(
         &self,
         settings: &PlanSettings,
@@ -954,12 +1021,22 @@ impl Analysis {
         let summary_tokens = settings.summary_estimate_tokens;
         let moved = self.kept_in_span(cut, floor, carried);
         let (tokens, messages) = self.projected(cut, &moved, summary_tokens);
-        let fits = self.within_headroom(tokens, messages, settings.headroom, goal);
-        // Under headroom, rescues must keep it; where even the minimal tail misses it, they may
-        // not push the request over a trigger.
-        let factor = match settings.headroom {
-            Some(h) if fits => h,
-            _ => 1.0,
+        let headroom = settings.headroom.map(|factor| Target { factor, turns: 0 });
+        let roomy = headroom.map(|target| Target {
+            turns: settings.headroom_turns,
+            ..target
+        });
+        let fits = self.within(tokens, messages, headroom, goal);
+        let has_room = self.within(tokens, messages, roomy, goal);
+        // Rescued skills may spend the room left for growth (the model needs them more than a
+        // longer reuse) but must keep headroom; where even the minimal tail misses headroom,
+        // they may not push the request over a trigger.
+        let target = match headroom {
+            Some(headroom) if fits => headroom,
+            _ => Target {
+                factor: 1.0,
+                turns: 0,
+            },
         };
         let (excluded, splits) = self.rescue(
             settings,
@@ -968,7 +1045,7 @@ impl Analysis {
             carried,
             moved,
             summary_tokens,
-            factor,
+            target,
             goal,
         );
         let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
@@ -980,7 +1057,7 @@ impl Analysis {
             projected_tokens: tokens,
             headroom_unmet: !fits,
         };
-        (layout, fits)
+        (layout, has_room)
     }
 
     /// The `truncate` stage's layout: the fewest oldest whole groups after the pinned head
