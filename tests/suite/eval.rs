@@ -23,7 +23,30 @@ use http::HeaderMap;
 use serde_json::{json, Value};
 
 const RUNS_PER_LANGUAGE: u64 = 20;
-const STEPS: usize = 40;
+
+/// The size of a generated run: its tool steps and the words of each thought and output.
+#[derive(Clone, Copy)]
+struct Scale {
+    steps: usize,
+    thought_words: usize,
+    output_words: usize,
+}
+
+/// The pipeline tier's runs: a compaction evicts 15 000 to 20 000 estimated tokens of each.
+const PIPELINE: Scale = Scale {
+    steps: 40,
+    thought_words: 40,
+    output_words: 260,
+};
+
+/// The model tier's runs (`scripts/eval-model.sh`): the same generator, small enough that the
+/// whole history fits a packaged small model's 8 192-token window, so the answer from full
+/// history can be asked for too.
+const MODEL_TIER: Scale = Scale {
+    steps: 12,
+    thought_words: 20,
+    output_words: 45,
+};
 const KINDS: [&str; 4] = ["exact fact", "artifact", "decision", "next step"];
 const LANGUAGES: [&str; 3] = ["English", "code", "CJK"];
 const STRATEGIES: [&str; 5] = [
@@ -102,13 +125,16 @@ fn filler(language: &str, rng: &mut Rng, words: usize) -> String {
     out
 }
 
-/// An agent run of `STEPS` tool steps with one fact of each kind planted in its first half
-/// (what a compaction evicts), and the next step in its third quarter.
-fn agent_run(language: &'static str, seed: u64) -> Run {
+/// An agent run of `scale.steps` tool steps with one fact of each kind planted in its first
+/// two fifths (what a compaction evicts), and the next step just after its middle.
+fn agent_run(language: &'static str, seed: u64, scale: Scale) -> Run {
     let mut rng = Rng(seed * 7919 + 17);
     let mut planted = Vec::new();
     let mut at = BTreeMap::new();
+    // Placements in fortieths of the run.
     for (kind, (low, high)) in KINDS.iter().zip([(2, 16), (2, 16), (1, 16), (18, 26)]) {
+        let low = low * scale.steps / 40;
+        let high = (high * scale.steps / 40).max(low + 1);
         let step = low + (rng.next() as usize) % (high - low);
         let marker = format!("Q{}{seed}{}Z", &kind[..2].to_uppercase(), language.len());
         at.entry(step)
@@ -120,9 +146,9 @@ fn agent_run(language: &'static str, seed: u64) -> Run {
         json!({"role": "system", "content": "You are a coding agent with tools."}),
         json!({"role": "user", "content": format!("Fix the failing service. {}", filler(language, &mut rng, 30))}),
     ];
-    for step in 0..STEPS {
-        let mut thought = filler(language, &mut rng, 40);
-        let mut output = filler(language, &mut rng, 260);
+    for step in 0..scale.steps {
+        let mut thought = filler(language, &mut rng, scale.thought_words);
+        let mut output = filler(language, &mut rng, scale.output_words);
         for (kind, marker) in at.get(&step).into_iter().flatten() {
             match *kind {
                 "exact fact" => output.push_str(&format!(
@@ -276,7 +302,7 @@ async fn evaluate() -> (Table, BTreeMap<&'static str, [u32; 3]>) {
     let mut by_language: BTreeMap<&'static str, [u32; 3]> = BTreeMap::new();
     for language in LANGUAGES {
         for seed in 0..RUNS_PER_LANGUAGE {
-            let run = agent_run(language, seed);
+            let run = agent_run(language, seed, PIPELINE);
             let outcomes = [
                 through_engine(&summary, &summary_seen, &run).await,
                 through_engine(&clearing, &clearing_seen, &run).await,
@@ -325,8 +351,32 @@ fn print(table: &Table) {
     }
 }
 
+/// Writes the model tier's runs, one JSON object a line (`language`, `seed`, `messages`, and
+/// `planted`: each fact's `kind` and `marker`), where `COMPACTOR_EVAL_RUNS` names a file.
+fn write_model_tier_runs() {
+    let Ok(path) = std::env::var("COMPACTOR_EVAL_RUNS") else {
+        return;
+    };
+    let mut lines = String::new();
+    for language in LANGUAGES {
+        for seed in 0..RUNS_PER_LANGUAGE {
+            let run = agent_run(language, seed, MODEL_TIER);
+            let planted: Vec<Value> = run
+                .planted
+                .iter()
+                .map(|p| json!({"kind": p.kind, "marker": p.marker}))
+                .collect();
+            let line = json!({"language": language, "seed": seed, "messages": run.messages, "planted": planted});
+            lines.push_str(&line.to_string());
+            lines.push('\n');
+        }
+    }
+    std::fs::write(&path, lines).expect("COMPACTOR_EVAL_RUNS is writable");
+}
+
 #[tokio::test]
 async fn no_planted_fact_is_lost_outright_by_compactors_summary_and_the_references_lose_some() {
+    write_model_tier_runs();
     let (table, by_language) = evaluate().await;
     print(&table);
     let runs = RUNS_PER_LANGUAGE as u32 * LANGUAGES.len() as u32;
