@@ -25,6 +25,8 @@ pub struct Generation {
     pub auth: Auth,
     pub bounds: BodyBounds,
     pub model_labels: ModelLabels,
+    /// The providers' compaction contracts compactor serves, per upstream.
+    pub native: crate::native::NativeCompaction,
 }
 
 /// What one request works with: the current generation and this worker's pools for it.
@@ -273,6 +275,7 @@ impl Generation {
             auth: Auth::from_config(&config.auth),
             bounds: BodyBounds::from_config(&config.limits),
             model_labels: ModelLabels::new(&config),
+            native: crate::native::NativeCompaction::new(&config),
             config,
         }
     }

@@ -56,6 +56,10 @@ pub enum ProxyError {
     CompactionFailed(String),
     #[error("{0}")]
     ContextTooLarge(String),
+    #[error("a compaction item's encrypted_content was sealed by compactor but does not open for this client: it was altered, made for another tenant, or sealed under a key no longer in sealing.keys")]
+    SealedItemRefused,
+    #[error("{0}")]
+    NativeCompactionFailed(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -80,6 +84,8 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::CompactionFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ContextTooLarge(_) => StatusCode::BAD_REQUEST,
+            ProxyError::SealedItemRefused => StatusCode::BAD_REQUEST,
+            ProxyError::NativeCompactionFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -99,11 +105,13 @@ impl ProxyError {
             | ProxyError::ModelNotAllowed(_)
             | ProxyError::ModelUnclear(_)
             | ProxyError::NoUpstream(_)
-            | ProxyError::ContextTooLarge(_) => Fault::Client,
+            | ProxyError::ContextTooLarge(_)
+            | ProxyError::SealedItemRefused => Fault::Client,
             ProxyError::Overloaded(_) => Fault::Internal,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
-            | ProxyError::CompactionFailed(_) => Fault::Upstream,
+            | ProxyError::CompactionFailed(_)
+            | ProxyError::NativeCompactionFailed(_) => Fault::Upstream,
             ProxyError::Internal(_) => Fault::Internal,
         }
     }
@@ -141,6 +149,8 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::CompactionFailed(_) => "compaction_failed",
             ProxyError::ContextTooLarge(_) => "context_too_large",
+            ProxyError::SealedItemRefused => "invalid_compaction_item",
+            ProxyError::NativeCompactionFailed(_) => "compaction_failed",
             ProxyError::Internal(_) => "internal_error",
         }
     }

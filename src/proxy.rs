@@ -31,6 +31,7 @@ use crate::inbound::{
     read_whole, BufferBudget, ClientAddress, GuardedBody, ReadError, Reservation,
 };
 use crate::metrics::Route;
+use crate::native;
 use crate::routing::{body_model, forwarded_path, model_hint, model_of, BodyModel};
 use crate::telemetry;
 use crate::upstream::{Target, Upstream};
@@ -95,7 +96,7 @@ async fn proxy(
     let UnderPrefix {
         rest,
         query,
-        parts,
+        mut parts,
         incoming,
         upgrade,
     } = addressed;
@@ -114,6 +115,38 @@ async fn proxy(
             k.allow_force
         }),
         address: client_address,
+    };
+    let sealer = current.generation.native.for_upstream(&upstream.name);
+    let inbound = match (sealer, inbound) {
+        (Some(sealer), Inbound::Buffered(bytes)) if class.native_compact => {
+            if let Some(engine) = &current.generation.compaction {
+                let answer = native::compact(
+                    engine,
+                    sealer,
+                    &upstream.name,
+                    caller,
+                    &parts.headers,
+                    &bytes,
+                )
+                .await?;
+                return Ok(json_response(answer));
+            }
+            Inbound::Buffered(bytes)
+        }
+        // The client's copy of a compaction compactor made becomes the summary it carries.
+        (Some(sealer), Inbound::Buffered(bytes)) if class.api == Some(Api::Responses) => {
+            let tenant = native::tenant(caller, &parts.headers);
+            match native::expand(&bytes, sealer, &tenant)? {
+                Some(expanded) => {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(expanded.len()));
+                    Inbound::Buffered(expanded)
+                }
+                None => Inbound::Buffered(bytes),
+            }
+        }
+        (_, inbound) => inbound,
     };
     let compacting = compact(
         current,
@@ -246,6 +279,8 @@ struct Class {
     api: Option<Api>,
     /// Its upstream family, by path.
     family: UpstreamApi,
+    /// OpenAI's compaction endpoint, answered here for upstreams that lack it.
+    native_compact: bool,
     /// Whether routing or the key's model list needs the body's model.
     needs_model: bool,
     /// The key may use some models only: whatever the method or content type, the body is read
@@ -269,6 +304,7 @@ fn classify(
     Class {
         api,
         family,
+        native_compact: *method == Method::POST && rest == native::COMPACT_PATH,
         needs_model: current.upstreams.routing_needs_model(family) || restricted,
         restricted,
     }
@@ -291,7 +327,8 @@ async fn read(
             limit: bounds.max_bytes,
         });
     }
-    let compacting = class.api.is_some() && current.generation.compaction.is_some();
+    let compacting =
+        (class.api.is_some() || class.native_compact) && current.generation.compaction.is_some();
     let body = GuardedBody::new(incoming, bounds);
     if class.restricted
         || (is_json_post(&parts.method, &parts.headers) && (compacting || class.needs_model))
@@ -618,6 +655,15 @@ pub fn local_route<B>(
         response.headers_mut().insert(header::CONTENT_TYPE, value);
     }
     Some(response)
+}
+
+fn json_response(body: Bytes) -> Response<ProxyBody> {
+    let mut response = Response::new(body::full(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 fn is_websocket_upgrade(headers: &HeaderMap) -> bool {

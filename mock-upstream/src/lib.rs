@@ -107,6 +107,10 @@ pub struct MockOptions {
     pub counting: window::Counting,
     /// What agent mode does ([`agent`]).
     pub agent: agent::AgentScript,
+    /// Whether it implements OpenAI's compaction contract. Without it, as vLLM, SGLang or
+    /// any other Responses server: `/responses/compact` is 404 and a `compaction` input
+    /// item is refused.
+    pub native_compaction: bool,
 }
 
 impl Default for MockOptions {
@@ -121,6 +125,7 @@ impl Default for MockOptions {
             window: None,
             counting: window::Counting::Quarter,
             agent: agent::AgentScript::default(),
+            native_compaction: true,
         }
     }
 }
@@ -409,6 +414,10 @@ async fn serve_request(
         let body = json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 1_700_000_000, "owned_by": "compactor"}]});
         return Ok(full(StatusCode::OK, "application/json", body.to_string()));
     }
+    if !options.native_compaction && path.ends_with("/responses/compact") {
+        let body = json!({"detail": "Not Found"}).to_string();
+        return Ok(full(StatusCode::NOT_FOUND, "application/json", body));
+    }
     let responses_api = parts.method == Method::POST && path.ends_with("/responses");
     let messages_api = parts.method == Method::POST && path.ends_with("/messages");
     if !(parts.method == Method::POST && path.ends_with("/chat/completions")
@@ -496,7 +505,17 @@ async fn serve_request(
         }
     } else if options.validate {
         let checked = if responses_api {
-            validate_items(&request)
+            validate_items(&request).and_then(|()| {
+                if options.native_compaction {
+                    return Ok(());
+                }
+                compaction_item_at(&request).map_or(Ok(()), |i| {
+                    Err((
+                        format!("Invalid value: 'compaction'. This server does not support the input item type 'compaction' (input[{i}])."),
+                        format!("input[{i}].type"),
+                    ))
+                })
+            })
         } else {
             validate_messages(&request)
         };
@@ -1057,6 +1076,15 @@ pub fn validate_items(request: &Value) -> Result<(), (String, String)> {
         ));
     }
     Ok(())
+}
+
+/// Where the first `compaction` item of a Responses `input` is.
+fn compaction_item_at(request: &Value) -> Option<usize> {
+    request
+        .get("input")?
+        .as_array()?
+        .iter()
+        .position(|item| item.get("type").and_then(Value::as_str) == Some("compaction"))
 }
 
 /// Splits `text` into `parts` pieces on character boundaries (the last ones may be empty when

@@ -44,6 +44,10 @@ struct Cli {
     /// Agent mode: the folder whose files the steps read.
     #[arg(long)]
     agent_files: Option<std::path::PathBuf>,
+    /// Act as a Responses server without OpenAI's compaction contract (vLLM, SGLang…):
+    /// `/responses/compact` is 404, a `compaction` input item is refused.
+    #[arg(long)]
+    without_native_compaction: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,6 +74,7 @@ fn main() -> std::process::ExitCode {
         record: cli.record,
         window: cli.window,
         counting: cli.tokenizer,
+        native_compaction: !cli.without_native_compaction,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

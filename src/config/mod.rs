@@ -77,6 +77,8 @@ pub struct Config {
     /// `refuse` answers 426 so the client falls back to HTTP at once and is compacted; `relay`
     /// passes them to the upstream, and what travels on the socket is not compacted.
     pub websocket: WebSocketMode,
+    /// Keys for the compaction items compactor makes (see `upstreams[].native_compaction`).
+    pub sealing: SealingConfig,
 }
 
 /// What a WebSocket upgrade request gets.
@@ -178,6 +180,51 @@ pub struct UpstreamConfig {
     pub first_byte_timeout_secs: f64,
     /// Longest silence allowed between two response body frames.
     pub idle_timeout_secs: f64,
+    /// The providers' own compaction contracts (OpenAI's `/responses/compact`): `pass` forwards
+    /// them, `serve` answers them with compactor's planner and summarizer, `auto` (default)
+    /// serves them when `sealing.keys` is set and the upstream is not the provider that defines
+    /// them (`api.openai.com`), else passes.
+    pub native_compaction: NativeCompaction,
+}
+
+/// An upstream's `native_compaction`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NativeCompaction {
+    Pass,
+    Serve,
+    #[default]
+    Auto,
+}
+
+impl UpstreamConfig {
+    /// Whether compactor answers the native compaction contracts for this upstream.
+    pub fn serves_native_compaction(&self, sealing: &SealingConfig) -> bool {
+        match self.native_compaction {
+            NativeCompaction::Pass => false,
+            NativeCompaction::Serve => true,
+            NativeCompaction::Auto => !sealing.keys.is_empty() && !self.defines_native_compaction(),
+        }
+    }
+
+    /// The provider whose contract it is: it answers `/responses/compact` itself.
+    fn defines_native_compaction(&self) -> bool {
+        let host = self
+            .base_url
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split(['/', ':']).next())
+            .unwrap_or("");
+        host.eq_ignore_ascii_case("api.openai.com")
+    }
+}
+
+/// The keys compaction items compactor makes are sealed with (`${VAR}` each; the first seals,
+/// every one listed opens).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SealingConfig {
+    pub keys: Vec<Secret>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -615,6 +662,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             reload: ReloadConfig::default(),
             websocket: WebSocketMode::default(),
+            sealing: SealingConfig::default(),
         }
     }
 }
@@ -631,6 +679,7 @@ impl Default for UpstreamConfig {
             connect_timeout_secs: 10.0,
             first_byte_timeout_secs: 600.0,
             idle_timeout_secs: 300.0,
+            native_compaction: NativeCompaction::Auto,
         }
     }
 }
@@ -808,6 +857,9 @@ impl Config {
         };
         expand("listen".into(), &mut self.listen);
         expand("prefix".into(), &mut self.prefix);
+        for (i, key) in self.sealing.keys.iter_mut().enumerate() {
+            expand(format!("sealing.keys[{i}]"), &mut key.0);
+        }
         for (i, upstream) in self.upstreams.iter_mut().enumerate() {
             expand(format!("upstreams[{i}].name"), &mut upstream.name);
             expand(format!("upstreams[{i}].base_url"), &mut upstream.base_url);
@@ -884,6 +936,54 @@ mod tests {
         assert!(!config.summarization.enabled);
         assert_eq!(config.summarization.trim_tokens_to_summarize, None);
         assert_eq!(config.summarization.headroom, Some(0.75));
+    }
+
+    #[test]
+    fn native_compaction_is_served_where_keys_are_set_and_the_provider_lacks_it() {
+        let yaml = "upstreams:
+  - name: vllm
+    base_url: http://127.0.0.1:9/v1
+  - name: openai
+    base_url: https://api.openai.com/v1
+  - name: forced
+    base_url: https://API.OPENAI.COM:443/v1
+    native_compaction: serve
+  - name: kept
+    base_url: http://127.0.0.1:9/v1
+    native_compaction: pass
+summarization: {enabled: true, model_name: m}
+sealing: {keys: [\"${SEAL}\"]}
+";
+        let env = |name: &str| (name == "SEAL").then(|| "0123456789abcdef".to_string());
+        let config = Config::from_yaml_with_env(yaml, &env).expect("valid");
+        let served: Vec<bool> = config
+            .upstreams
+            .iter()
+            .map(|u| u.serves_native_compaction(&config.sealing))
+            .collect();
+        assert_eq!(served, [true, false, true, false]);
+        // Without keys, auto passes everything.
+        let unsealed = SealingConfig::default();
+        assert!(!config.upstreams[0].serves_native_compaction(&unsealed));
+    }
+
+    #[test]
+    fn serving_native_compaction_needs_long_keys_and_a_summarizer() {
+        let yaml = "upstreams:
+  - name: a
+    base_url: http://127.0.0.1:9/v1
+    native_compaction: serve
+";
+        let err = Config::from_yaml_with_env(yaml, &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("serve needs sealing.keys"), "{err}");
+        assert!(err.contains("serve needs summarization.enabled"), "{err}");
+        let short = format!("{MINIMAL}sealing: {{keys: [short]}}\n");
+        let err = Config::from_yaml_with_env(&short, &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sealing.keys[0]"), "{err}");
     }
 
     #[test]

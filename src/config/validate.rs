@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use super::{CacheBackend, Config, ConfigError, ContextSize, OneOrMany, Stage};
+use super::{CacheBackend, Config, ConfigError, ContextSize, NativeCompaction, OneOrMany, Stage};
 
 impl Config {
     /// Every problem, each naming its key.
@@ -91,6 +91,25 @@ impl Config {
                 ("idle_timeout_secs", upstream.idle_timeout_secs),
             ] {
                 positive_secs(&format!("{key}.{field}"), value, problems);
+            }
+            if upstream.native_compaction == NativeCompaction::Serve {
+                if self.sealing.keys.is_empty() {
+                    problems.push(format!(
+                        "{key}.native_compaction: serve needs sealing.keys (the compaction items it makes are sealed)"
+                    ));
+                }
+                if !self.summarization.enabled {
+                    problems.push(format!(
+                        "{key}.native_compaction: serve needs summarization.enabled"
+                    ));
+                }
+            }
+        }
+        for (i, secret) in self.sealing.keys.iter().enumerate() {
+            if secret.expose().len() < 16 {
+                problems.push(format!(
+                    "sealing.keys[{i}]: must be 16 bytes or more (use ${{VAR}})"
+                ));
             }
         }
         for (i, model) in self.models.iter().enumerate() {

@@ -94,6 +94,7 @@ struct ItemFields<'a> {
     input: Option<&'a str>,
     output: Option<&'a str>,
     approval_request_id: Option<&'a str>,
+    encrypted_content: Option<&'a str>,
     first: &'a str,
     last: &'a str,
 }
@@ -119,6 +120,7 @@ impl<'a> RawObject<'a> for ItemFields<'a> {
             "input" => &mut self.input,
             "output" => &mut self.output,
             "approval_request_id" => &mut self.approval_request_id,
+            "encrypted_content" => &mut self.encrypted_content,
             _ => return None,
         })
     }
@@ -206,6 +208,28 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
         view.max_output_tokens.unwrap_or(0),
         &Responses,
     )))
+}
+
+/// The `compaction` items of a Responses body (or a `/responses/compact` body): where each
+/// item's object lies in `body` and its `encrypted_content`. None when the body is not one.
+pub fn compaction_items(body: &[u8]) -> Option<Vec<(Range<usize>, String)>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let view: RequestView<'_> = serde_json::from_str(text).ok()?;
+    let Some(Input::Items(items)) = view.input else {
+        return Some(Vec::new());
+    };
+    let mut found = Vec::new();
+    for fields in &items {
+        if fields.kind.and_then(string_value).as_deref() != Some("compaction") {
+            continue;
+        }
+        let first = offset_in(text, fields.first);
+        let last_end = offset_in(text, fields.last) + fields.last.len();
+        let span = object_span(text, first, last_end)?;
+        let sealed = fields.encrypted_content.and_then(string_value)?;
+        found.push((span, sealed.into_owned()));
+    }
+    Some(found)
 }
 
 /// One item read on its own (a copy made by a stage), as [`parse`] reads each item.

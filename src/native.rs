@@ -1,0 +1,360 @@
+//! The providers' own compaction contracts, served for upstreams that lack them (issue 28):
+//! OpenAI's `POST /v1/responses/compact`. The conversation is compacted by the planner and the
+//! summarizer every other request uses (its cache, budget and single flight included), and
+//! answered in OpenAI's shape: the items kept, and exactly one `compaction` item in the
+//! summary's place carrying the summary sealed ([`crate::sealing`]). When the client sends that
+//! item back on `/responses`, it is expanded into the summary message before the request goes
+//! on, so the upstream never sees an item it does not know. Items compactor did not seal are
+//! forwarded untouched; ones it sealed that do not open are refused.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use serde_json::{json, Map, Value};
+
+use crate::compaction::engine::CompactionEngine;
+use crate::compaction::front_ends::responses::{compaction_items, summary_item};
+use crate::compaction::front_ends::Api;
+use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::compaction::reason::Reason;
+use crate::compaction::scope::{Caller, Credentials};
+use crate::compaction::OutcomeKind;
+use crate::config::Config;
+use crate::error::ProxyError;
+use crate::sealing::{Opened, Sealer};
+
+/// The path of OpenAI's compaction endpoint under the API prefix.
+pub const COMPACT_PATH: &str = "/responses/compact";
+
+/// Which upstreams get the contracts served, and the sealer for their items.
+#[derive(Debug, Default)]
+pub struct NativeCompaction {
+    sealer: Option<Sealer>,
+    served: Vec<String>,
+}
+
+impl NativeCompaction {
+    pub fn new(config: &Config) -> NativeCompaction {
+        let served = config
+            .upstreams
+            .iter()
+            .filter(|u| config.summarization.enabled && u.serves_native_compaction(&config.sealing))
+            .map(|u| u.name.clone())
+            .collect();
+        NativeCompaction {
+            sealer: Sealer::new(&config.sealing.keys),
+            served,
+        }
+    }
+
+    /// The sealer, when compactor serves the contracts for `upstream`.
+    pub fn for_upstream(&self, upstream: &str) -> Option<&Sealer> {
+        let sealer = self.sealer.as_ref()?;
+        self.served.iter().any(|u| u == upstream).then_some(sealer)
+    }
+}
+
+/// The tenant sealed items are bound to: the one its summaries are scoped to.
+pub fn tenant(caller: Caller<'_>, headers: &HeaderMap) -> [u8; 32] {
+    Credentials::of(caller, headers).tenant()
+}
+
+/// `body` (a Responses or compact body) with compactor's own compaction items replaced by the
+/// summary message they carry; None when it holds none (most bodies: a byte search decides).
+pub fn expand(
+    body: &[u8],
+    sealer: &Sealer,
+    tenant: &[u8; 32],
+) -> Result<Option<Bytes>, ProxyError> {
+    if memchr::memmem::find(body, crate::sealing::PREFIX.as_bytes()).is_none() {
+        return Ok(None);
+    }
+    let Some(items) = compaction_items(body) else {
+        return Ok(None);
+    };
+    let mut replacements = Vec::new();
+    for (span, sealed) in items {
+        match sealer.open(tenant, &sealed) {
+            Opened::Foreign => {}
+            Opened::Refused => return Err(ProxyError::SealedItemRefused),
+            Opened::Summary(summary) if summary.is_empty() => {
+                replacements.push((with_separator(body, span), String::new()))
+            }
+            Opened::Summary(summary) => replacements.push((span, summary_item(&summary))),
+        }
+    }
+    if replacements.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for (span, text) in replacements {
+        out.extend_from_slice(&body[at..span.start]);
+        out.extend_from_slice(text.as_bytes());
+        at = span.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Ok(Some(Bytes::from(out)))
+}
+
+/// An item's span widened to the comma that separates it from its neighbour, so removing it
+/// leaves a valid array: the comma after it, or for the last item the one before it.
+fn with_separator(body: &[u8], span: Range<usize>) -> Range<usize> {
+    let after = body[span.end..]
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .map(|i| span.end + i);
+    if let Some(comma) = after.filter(|&i| body[i] == b',') {
+        return span.start..comma + 1;
+    }
+    let before = body[..span.start]
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace());
+    match before.filter(|&i| body[i] == b',') {
+        Some(comma) => comma..span.end,
+        None => span,
+    }
+}
+
+/// Answers `POST /responses/compact`: compacts the body's input as if `x-compactor: force`
+/// were sent, and returns OpenAI's `response.compaction` object.
+pub async fn compact(
+    engine: &CompactionEngine,
+    sealer: &Sealer,
+    upstream: &str,
+    caller: Caller<'_>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Bytes, ProxyError> {
+    let tenant = tenant(caller, headers);
+    let request = CompactRequest::read(body)?;
+    let expanded = expand(&request.body, sealer, &tenant)?.unwrap_or(request.body.clone());
+    let original_items = input_items(&expanded);
+    let mut forced = headers.clone();
+    forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
+    let caller = Caller {
+        may_force: true,
+        ..caller
+    };
+    let compacted = engine
+        .compact(&forced, expanded, upstream, caller, Api::Responses)
+        .await
+        .map_err(|refused| failed(refused.outcome.reason))?;
+    let outcome = &compacted.outcome;
+    let output = match outcome.kind {
+        OutcomeKind::Summarized | OutcomeKind::Reused => {
+            let items = input_items(&compacted.body);
+            replace_summary(items, &original_items, sealer, &tenant)?
+                .ok_or_else(|| failed(Reason::None))?
+        }
+        OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => {
+            let mut items = original_items;
+            items.push(compaction_item(sealer, &tenant, "")?);
+            items
+        }
+        _ => return Err(failed(outcome.reason)),
+    };
+    let created_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let response = json!({
+        "id": format!("resp_{}", hex_digest(&[request.body.as_ref(), &created_at.to_le_bytes()])),
+        "object": "response.compaction",
+        "created_at": created_at,
+        "output": output,
+        "usage": {
+            "input_tokens": outcome.tokens_before,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": outcome.tokens_after,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": outcome.tokens_before + outcome.tokens_after,
+        },
+    });
+    Ok(Bytes::from(response.to_string()))
+}
+
+/// A compact call's body, as the Responses body the planner reads.
+struct CompactRequest {
+    body: Bytes,
+}
+
+impl CompactRequest {
+    fn read(body: &[u8]) -> Result<CompactRequest, ProxyError> {
+        let bad = |why: &str| ProxyError::BadRequest(why.to_string());
+        let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+            return Err(bad("the body must be a JSON object"));
+        };
+        let Some(model) = fields.get("model").and_then(Value::as_str) else {
+            return Err(bad("`model` is required and must be a string"));
+        };
+        if fields
+            .get("previous_response_id")
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(bad("`previous_response_id` cannot be compacted here: the upstream does not hold that conversation; send its items as `input`"));
+        }
+        let input = match fields.get("input") {
+            None | Some(Value::Null) => Value::Array(Vec::new()),
+            Some(Value::String(text)) => json!([{"role": "user", "content": text}]),
+            Some(items @ Value::Array(_)) => items.clone(),
+            Some(_) => return Err(bad("`input` must be a string or an array of items")),
+        };
+        let mut planned = Map::new();
+        planned.insert("model".into(), Value::String(model.to_string()));
+        if let Some(instructions) = fields.get("instructions").filter(|v| !v.is_null()) {
+            planned.insert("instructions".into(), instructions.clone());
+        }
+        planned.insert("input".into(), input);
+        Ok(CompactRequest {
+            body: Bytes::from(Value::Object(planned).to_string()),
+        })
+    }
+}
+
+fn input_items(body: &[u8]) -> Vec<Value> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut fields)) => match fields.remove("input") {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// The planner's output items with its summary item (the one item it added) replaced by the
+/// sealed compaction item; None when no summary item is found.
+fn replace_summary(
+    mut items: Vec<Value>,
+    original: &[Value],
+    sealer: &Sealer,
+    tenant: &[u8; 32],
+) -> Result<Option<Vec<Value>>, ProxyError> {
+    let summary = items.iter().enumerate().find_map(|(i, item)| {
+        let text = item.pointer("/content/0/text")?.as_str()?;
+        let summary = text.strip_prefix(SUMMARY_PREFIX)?;
+        (!original.contains(item)).then(|| (i, summary.to_string()))
+    });
+    let Some((at, summary)) = summary else {
+        return Ok(None);
+    };
+    items[at] = compaction_item(sealer, tenant, &summary)?;
+    Ok(Some(items))
+}
+
+fn compaction_item(sealer: &Sealer, tenant: &[u8; 32], summary: &str) -> Result<Value, ProxyError> {
+    let sealed = sealer
+        .seal(tenant, summary)
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    Ok(json!({
+        "id": format!("cmp_{}", hex_digest(&[sealed.as_bytes()])),
+        "type": "compaction",
+        "encrypted_content": sealed,
+    }))
+}
+
+/// The planner found nothing worth a summary: the answer is the items as they came.
+fn nothing_to_summarize(reason: Reason) -> bool {
+    matches!(
+        reason,
+        Reason::NothingToSummarize | Reason::SpanTooSmall | Reason::UnderTrigger
+    )
+}
+
+fn failed(reason: Reason) -> ProxyError {
+    ProxyError::NativeCompactionFailed(format!(
+        "compactor could not summarize this conversation ({reason}); nothing was compacted, retry later"
+    ))
+}
+
+fn hex_digest(parts: &[&[u8]]) -> String {
+    let digest = crate::compaction::planner::digest::hash_parts(parts.iter().copied());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Secret;
+
+    fn sealer() -> Sealer {
+        Sealer::new(&[Secret::new("a sealing key of 16+ bytes")]).unwrap()
+    }
+
+    #[test]
+    fn compactors_items_are_expanded_in_place_and_others_kept() {
+        let sealer = sealer();
+        let sealed = sealer.seal(&[3; 32], "they fixed the bug").unwrap();
+        let body = format!(
+            r#"{{"model":"m","input":[{{"type":"compaction","id":"c1","encrypted_content":"gAAAAforeign"}}, {{"type":"compaction","id":"c2","encrypted_content":"{sealed}"}},{{"role":"user","content":"go on"}}]}}"#
+        );
+        let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+        let value: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["input"][0]["encrypted_content"], "gAAAAforeign");
+        assert_eq!(
+            value["input"][1]["content"][0]["text"],
+            format!("{SUMMARY_PREFIX}they fixed the bug")
+        );
+        assert_eq!(value["input"][2]["content"], "go on");
+        // Everything outside the item is the client's bytes.
+        let start = body.find(r#"{"type":"compaction","id":"c2""#).unwrap();
+        assert!(out.starts_with(&body.as_bytes()[..start]));
+        assert!(out.ends_with(br#",{"role":"user","content":"go on"}]}"#));
+    }
+
+    #[test]
+    fn another_tenants_or_an_altered_item_is_refused() {
+        let sealer = sealer();
+        let sealed = sealer.seal(&[3; 32], "s").unwrap();
+        let body = format!(
+            r#"{{"model":"m","input":[{{"type":"compaction","encrypted_content":"{sealed}"}}]}}"#
+        );
+        assert!(matches!(
+            expand(body.as_bytes(), &sealer, &[4; 32]),
+            Err(ProxyError::SealedItemRefused)
+        ));
+    }
+
+    #[test]
+    fn an_empty_compaction_leaves_a_valid_array_wherever_it_stands() {
+        let sealer = sealer();
+        let empty = sealer.seal(&[3; 32], "").unwrap();
+        let item = format!(r#"{{"type":"compaction","encrypted_content":"{empty}"}}"#);
+        let user = r#"{"role":"user","content":"q"}"#;
+        for (input, left) in [
+            (format!("[{item}, {user}]"), 1),
+            (format!("[{user} ,{item} ]"), 1),
+            (format!("[{user},{item},{user}]"), 2),
+            (format!("[{item}]"), 0),
+        ] {
+            let body = format!(r#"{{"model":"m","input":{input}}}"#);
+            let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+            let value: Value = serde_json::from_slice(&out).expect("valid JSON");
+            assert_eq!(value["input"].as_array().unwrap().len(), left, "{input}");
+        }
+    }
+
+    #[test]
+    fn bodies_without_compactors_items_are_not_touched() {
+        let body = br#"{"model":"m","input":[{"type":"compaction","encrypted_content":"gAAAA"}]}"#;
+        assert!(expand(body, &sealer(), &[3; 32]).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_compact_call_needs_a_model_and_its_own_input() {
+        for bad in [
+            r#"[]"#,
+            r#"{"input":[]}"#,
+            r#"{"model":"m","previous_response_id":"resp_1"}"#,
+            r#"{"model":"m","input":7}"#,
+        ] {
+            assert!(CompactRequest::read(bad.as_bytes()).is_err(), "{bad}");
+        }
+        let read = CompactRequest::read(br#"{"model":"m","input":"hi","store":false}"#).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&read.body).unwrap(),
+            json!({"model": "m", "input": [{"role": "user", "content": "hi"}]})
+        );
+    }
+}

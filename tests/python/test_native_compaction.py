@@ -1,0 +1,177 @@
+"""OpenAI's compaction contract (`client.responses.compact`) served by compactor for an upstream
+that lacks it: the mock runs `--without-native-compaction`, so it answers `/responses/compact`
+with 404 and refuses a `compaction` input item, as vLLM or SGLang would. compactor answers the
+call, seals the summary into the one compaction item, and expands that item on later turns."""
+
+import socket
+import textwrap
+
+import openai
+import pytest
+from openai.types.responses import ResponseCompactionItem, ResponseUsage
+
+from conftest import BIN_DIR, Process, start_compactor
+
+MODEL = "gpt-4.1"
+KEY = "a sealing key, 16 bytes or more"
+OLD_KEY = "the key sealed before a rotation"
+
+
+@pytest.fixture(scope="module")
+def plain_upstream():
+    process = Process([str(BIN_DIR / "mock-upstream"), "--listen", "127.0.0.1:0", "--without-native-compaction"])
+    yield process
+    process.stop()
+
+
+def serving(upstream, summarizer_url, keys):
+    summarization = textwrap.dedent(
+        f"""\
+        summarization:
+          enabled: true
+          upstream: summarizer
+          model_name: summarizer-model
+          trigger: [{{type: messages, value: 8}}]
+          keep: {{type: messages, value: 2}}
+          summary_max_tokens: 32
+        sealing:
+          keys: {keys!r}
+        """
+    )
+    extra = f"  - name: summarizer\n    base_url: {summarizer_url}/v1\n    models: [\"summarizer-*\"]\n"
+    return start_compactor(upstream.url, summarization=summarization, extra=extra)
+
+
+@pytest.fixture(scope="module")
+def proxy(plain_upstream, summarizer):
+    process = serving(plain_upstream, summarizer.url, [KEY])
+    yield process
+    process.stop()
+
+
+def client(process, api_key="sk-test"):
+    return openai.OpenAI(base_url=process.url + "/v1", api_key=api_key, max_retries=0, timeout=20)
+
+
+def history(tag):
+    items = [{"role": "developer", "content": "Work carefully."}]
+    for i in range(4):
+        items.append({"role": "user", "content": f"{tag}: task {i}"})
+        items.append({"type": "function_call", "call_id": f"call_{tag}_{i}", "name": "read", "arguments": "{}"})
+        items.append({"type": "function_call_output", "call_id": f"call_{tag}_{i}", "output": "contents " * 20})
+        items.append({"role": "assistant", "content": [{"type": "output_text", "text": f"done {i}"}]})
+    return items
+
+
+def compact(process, tag, api_key="sk-test"):
+    raw = client(process, api_key).responses.with_raw_response.compact(model=MODEL, input=history(tag))
+    return raw.http_response.json()
+
+
+def compaction_items(output):
+    return [item for item in output if item.get("type") == "compaction"]
+
+
+def test_compact_answers_in_openais_shape_with_exactly_one_compaction_item(proxy):
+    compacted = client(proxy).responses.compact(model=MODEL, input=history("shape"))
+    assert compacted.object == "response.compaction"
+    raw = compact(proxy, "shape-raw")
+    (item,) = compaction_items(raw["output"])
+    ResponseCompactionItem.model_validate(item, strict=True)
+    ResponseUsage.model_validate(raw["usage"], strict=True)
+    assert raw["id"].startswith("resp_") and isinstance(raw["created_at"], int)
+    # The summary is sealed: nothing of it is readable in the item.
+    assert item["encrypted_content"].startswith("compactor.v1.")
+    assert "task" not in item["encrypted_content"]
+    # The developer item and the kept tail are the client's own items.
+    assert raw["output"][0] == {"role": "developer", "content": "Work carefully."}
+    assert raw["output"][-1] == history("shape-raw")[-1]
+    assert len(raw["output"]) < len(history("shape-raw"))
+
+
+def test_the_next_turn_with_the_item_is_expanded_before_the_upstream_sees_it(proxy, plain_upstream):
+    output = compact(proxy, "next")["output"]
+    next_turn = output + [{"role": "user", "content": "go on"}]
+    # The upstream itself refuses the item: only the expansion lets the turn through.
+    with pytest.raises(openai.BadRequestError, match="compaction"):
+        openai.OpenAI(base_url=plain_upstream.url + "/v1", api_key="sk-test", max_retries=0).responses.create(
+            model=MODEL, input=next_turn
+        )
+    answer = client(proxy).responses.create(model=MODEL, input=next_turn)
+    assert answer.output_text
+    streamed = client(proxy).responses.create(model=MODEL, input=next_turn, stream=True)
+    assert [event.type for event in streamed][-1] == "response.completed"
+
+
+def test_an_altered_item_or_another_tenants_is_refused_and_a_foreign_one_passes(proxy):
+    output = compact(proxy, "tamper")["output"]
+    (item,) = compaction_items(output)
+    sealed = item["encrypted_content"]
+    altered = dict(item, encrypted_content=sealed[:-3] + ("AAA" if not sealed.endswith("AAA") else "BBB"))
+    for api_key, turn in [
+        ("sk-test", [altered if i is item else i for i in output]),
+        ("sk-someone-else", output),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client(proxy, api_key).responses.create(model=MODEL, input=turn + [{"role": "user", "content": "q"}])
+        assert refused.value.code == "invalid_compaction_item"
+    # An item compactor did not seal (the provider's own) goes on untouched: here the upstream,
+    # which does not know the type, is the one that refuses it.
+    foreign = [{"type": "compaction", "id": "cmp_x", "encrypted_content": "gAAAAABforeign"}]
+    with pytest.raises(openai.BadRequestError, match="does not support the input item type"):
+        client(proxy).responses.create(model=MODEL, input=foreign + [{"role": "user", "content": "q"}])
+
+
+def test_items_sealed_before_a_key_rotation_still_open(plain_upstream, summarizer):
+    before = serving(plain_upstream, summarizer.url, [OLD_KEY])
+    try:
+        output = compact(before, "rotation")["output"]
+    finally:
+        before.stop()
+    turn = output + [{"role": "user", "content": "go on"}]
+    rotated = serving(plain_upstream, summarizer.url, [KEY, OLD_KEY])
+    dropped = serving(plain_upstream, summarizer.url, [KEY])
+    try:
+        assert client(rotated).responses.create(model=MODEL, input=turn).output_text
+        with pytest.raises(openai.BadRequestError):
+            client(dropped).responses.create(model=MODEL, input=turn)
+    finally:
+        rotated.stop()
+        dropped.stop()
+
+
+def test_a_failed_summary_is_an_error_in_openais_shape_never_a_fake_compaction(plain_upstream):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    process = serving(plain_upstream, dead, [KEY])
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            client(process).responses.compact(model=MODEL, input=history("down"))
+        assert failed.value.status_code == 502
+        assert failed.value.code == "compaction_failed"
+    finally:
+        process.stop()
+
+
+def test_compact_is_passed_to_an_upstream_marked_pass(plain_upstream, summarizer):
+    summarization = textwrap.dedent(
+        f"""\
+        summarization:
+          enabled: true
+          upstream: summarizer
+          model_name: summarizer-model
+        sealing:
+          keys: [{KEY!r}]
+        """
+    )
+    extra = (
+        "    native_compaction: pass\n"
+        f"  - name: summarizer\n    base_url: {summarizer.url}/v1\n    models: [\"summarizer-*\"]\n"
+    )
+    process = start_compactor(plain_upstream.url, summarization=summarization, extra=extra)
+    try:
+        with pytest.raises(openai.NotFoundError):
+            client(process).responses.compact(model=MODEL, input=history("pass"))
+    finally:
+        process.stop()
