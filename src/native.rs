@@ -11,6 +11,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::engine::CompactionEngine;
@@ -19,7 +21,7 @@ use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
-use crate::compaction::OutcomeKind;
+use crate::compaction::{Outcome, OutcomeKind};
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::sealing::{Opened, Sealer};
@@ -75,13 +77,21 @@ pub fn expand(
     };
     let mut replacements = Vec::new();
     for (span, sealed) in items {
-        match sealer.open(tenant, &sealed) {
-            Opened::Foreign => {}
+        let carried = match sealer.open(tenant, &sealed) {
+            Opened::Foreign => continue,
             Opened::Refused => return Err(ProxyError::SealedItemRefused),
-            Opened::Summary(summary) if summary.is_empty() => {
-                replacements.push((with_separator(body, span), String::new()))
-            }
-            Opened::Summary(summary) => replacements.push((span, summary_item(&summary))),
+            Opened::Plain(plain) => serde_json::from_str::<Carried>(&plain)
+                .map_err(|_| ProxyError::SealedItemRefused)?,
+        };
+        let mut parts = Vec::with_capacity(1 + carried.items.len());
+        if !carried.summary.is_empty() {
+            parts.push(summary_item(&carried.summary));
+        }
+        parts.extend(carried.items.iter().map(|item| item.get().to_string()));
+        if parts.is_empty() {
+            replacements.push((with_separator(body, span), String::new()));
+        } else {
+            replacements.push((span, parts.join(",")));
         }
     }
     if replacements.is_empty() {
@@ -117,20 +127,34 @@ fn with_separator(body: &[u8], span: Range<usize>) -> Range<usize> {
     }
 }
 
-/// Answers `POST /responses/compact`: compacts the body's input as if `x-compactor: force`
-/// were sent, and returns OpenAI's `response.compaction` object.
-pub async fn compact(
+/// What a compaction item carries, sealed: the summary, and the items it stands for that the
+/// client does not keep itself (after a `compaction_trigger`, the kept tail).
+#[derive(Serialize, Deserialize)]
+struct Carried {
+    summary: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    items: Vec<Box<RawValue>>,
+}
+
+/// A conversation compacted on the client's request: the pinned head, the summary (empty when
+/// nothing was worth one) and the kept tail, as items.
+struct Compaction {
+    head: Vec<Value>,
+    summary: String,
+    tail: Vec<Value>,
+    outcome: Outcome,
+}
+
+/// Compacts `body` (model, instructions, input) as if `x-compactor: force` were sent, with
+/// the planner, summarizer, cache and budget every request uses.
+async fn compact_forced(
     engine: &CompactionEngine,
-    sealer: &Sealer,
     upstream: &str,
     caller: Caller<'_>,
     headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Bytes, ProxyError> {
-    let tenant = tenant(caller, headers);
-    let request = CompactRequest::read(body)?;
-    let expanded = expand(&request.body, sealer, &tenant)?.unwrap_or(request.body.clone());
-    let original_items = input_items(&expanded);
+    body: Bytes,
+) -> Result<Compaction, ProxyError> {
+    let original = input_items(&body);
     let mut forced = headers.clone();
     forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
     let caller = Caller {
@@ -138,41 +162,223 @@ pub async fn compact(
         ..caller
     };
     let compacted = engine
-        .compact(&forced, expanded, upstream, caller, Api::Responses)
+        .compact(&forced, body, upstream, caller, Api::Responses)
         .await
         .map_err(|refused| failed(refused.outcome.reason))?;
-    let outcome = &compacted.outcome;
-    let output = match outcome.kind {
+    let outcome = compacted.outcome.clone();
+    match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {
-            let items = input_items(&compacted.body);
-            replace_summary(items, &original_items, sealer, &tenant)?
-                .ok_or_else(|| failed(Reason::None))?
+            let mut items = input_items(&compacted.body);
+            // The summary is the one item the planner added.
+            let (at, summary) = items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| {
+                    let text = item.pointer("/content/0/text")?.as_str()?;
+                    let summary = text.strip_prefix(SUMMARY_PREFIX)?;
+                    (!original.contains(item)).then(|| (i, summary.to_string()))
+                })
+                .ok_or_else(|| failed(Reason::None))?;
+            let tail = items.split_off(at + 1);
+            items.truncate(at);
+            Ok(Compaction {
+                head: items,
+                summary,
+                tail,
+                outcome,
+            })
         }
         OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => {
-            let mut items = original_items;
-            items.push(compaction_item(sealer, &tenant, "")?);
-            items
+            let mut tail = original;
+            let pinned = tail.iter().take_while(|item| is_instruction(item)).count();
+            let head = tail.drain(..pinned).collect();
+            Ok(Compaction {
+                head,
+                summary: String::new(),
+                tail,
+                outcome,
+            })
         }
-        _ => return Err(failed(outcome.reason)),
-    };
-    let created_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+        _ => Err(failed(outcome.reason)),
+    }
+}
+
+fn is_instruction(item: &Value) -> bool {
+    matches!(
+        item.get("role").and_then(Value::as_str),
+        Some("system" | "developer")
+    )
+}
+
+/// Answers `POST /responses/compact`: OpenAI's `response.compaction` object, whose output is
+/// the new history: the head, one compaction item in the summary's place, the kept tail.
+pub async fn compact(
+    engine: &CompactionEngine,
+    sealer: &Sealer,
+    upstream: &str,
+    caller: Caller<'_>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Bytes, Outcome), ProxyError> {
+    let tenant = tenant(caller, headers);
+    let request = CompactRequest::read(body)?;
+    let expanded = expand(&request.body, sealer, &tenant)?.unwrap_or(request.body.clone());
+    let compaction = compact_forced(engine, upstream, caller, headers, expanded).await?;
+    let item = compaction_item(sealer, &tenant, &compaction.summary, Vec::new())?;
+    let mut output = compaction.head;
+    if compaction.summary.is_empty() {
+        // Nothing was worth a summary: the items as they came, and the one item the contract
+        // promises, which expands to nothing.
+        output.extend(compaction.tail);
+        output.push(item);
+    } else {
+        output.push(item);
+        output.extend(compaction.tail);
+    }
+    let created_at = now();
     let response = json!({
         "id": format!("resp_{}", hex_digest(&[request.body.as_ref(), &created_at.to_le_bytes()])),
         "object": "response.compaction",
         "created_at": created_at,
         "output": output,
-        "usage": {
-            "input_tokens": outcome.tokens_before,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": outcome.tokens_after,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": outcome.tokens_before + outcome.tokens_after,
-        },
+        "usage": usage(&compaction.outcome),
     });
-    Ok(Bytes::from(response.to_string()))
+    Ok((Bytes::from(response.to_string()), compaction.outcome))
+}
+
+/// Whether a Responses body ends its input with a `compaction_trigger` item: the client asks
+/// for a compaction in this response (Codex's remote compaction v2).
+pub fn ends_with_trigger(body: &[u8]) -> bool {
+    if memchr::memmem::find(body, b"compaction_trigger").is_none() {
+        return false;
+    }
+    let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    fields
+        .get("input")
+        .and_then(Value::as_array)
+        .and_then(|items| items.last())
+        .and_then(|item| item.get("type"))
+        .and_then(Value::as_str)
+        == Some("compaction_trigger")
+}
+
+/// Answers a `/responses` request whose input ends with a `compaction_trigger` item: a
+/// response (streamed when asked) whose output is exactly one compaction item. The client
+/// keeps its own instructions and user turns; the item carries the summary and the kept tail,
+/// and expands into both.
+pub async fn compact_on_trigger(
+    engine: &CompactionEngine,
+    sealer: &Sealer,
+    upstream: &str,
+    caller: Caller<'_>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Bytes, bool, Outcome), ProxyError> {
+    let tenant = tenant(caller, headers);
+    let bad = |why: &str| ProxyError::BadRequest(why.to_string());
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+        return Err(bad("the body must be a JSON object"));
+    };
+    let model = fields
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("`model` is required and must be a string"))?
+        .to_string();
+    let stream = fields.get("stream").and_then(Value::as_bool) == Some(true);
+    let mut input = match fields.remove("input") {
+        Some(Value::Array(items)) => items,
+        _ => return Err(bad("`input` must be an array of items")),
+    };
+    input.pop();
+    let mut planned = Map::new();
+    planned.insert("model".into(), Value::String(model.clone()));
+    if let Some(instructions) = fields.remove("instructions").filter(|v| !v.is_null()) {
+        planned.insert("instructions".into(), instructions);
+    }
+    planned.insert("input".into(), Value::Array(input));
+    let planned = Bytes::from(Value::Object(planned).to_string());
+    let compaction = compact_forced(engine, upstream, caller, headers, planned).await?;
+    // The client keeps its instructions and user turns itself (Codex puts them before the
+    // item): the item carries the rest of the tail, so nothing reaches the upstream twice.
+    let tail = compaction
+        .tail
+        .iter()
+        .filter(|item| {
+            !is_instruction(item) && item.get("role").and_then(Value::as_str) != Some("user")
+        })
+        .map(|item| RawValue::from_string(item.to_string()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let item = compaction_item(sealer, &tenant, &compaction.summary, tail)?;
+    let created_at = now();
+    let id = format!("resp_{}", hex_digest(&[body, &created_at.to_le_bytes()]));
+    let usage = usage(&compaction.outcome);
+    let response = |status: &str, output: Value, usage: Value| {
+        json!({
+            "id": id, "object": "response", "created_at": created_at, "status": status,
+            "error": null, "incomplete_details": null, "instructions": null,
+            "max_output_tokens": null, "model": model, "output": output,
+            "parallel_tool_calls": false, "previous_response_id": null,
+            "reasoning": {"effort": null, "summary": null}, "store": false,
+            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [],
+            "truncation": "disabled", "usage": usage, "user": null, "metadata": {},
+        })
+    };
+    if !stream {
+        let done = response("completed", json!([item]), usage);
+        return Ok((Bytes::from(done.to_string()), false, compaction.outcome));
+    }
+    let events = [
+        (
+            "response.created",
+            json!({"response": response("in_progress", json!([]), Value::Null)}),
+        ),
+        (
+            "response.in_progress",
+            json!({"response": response("in_progress", json!([]), Value::Null)}),
+        ),
+        (
+            "response.output_item.added",
+            json!({"output_index": 0, "item": item}),
+        ),
+        (
+            "response.output_item.done",
+            json!({"output_index": 0, "item": item}),
+        ),
+        (
+            "response.completed",
+            json!({"response": response("completed", json!([item]), usage)}),
+        ),
+    ];
+    let mut text = String::new();
+    for (sequence, (kind, mut data)) in events.into_iter().enumerate() {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(sequence);
+        text.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
+    }
+    Ok((Bytes::from(text), true, compaction.outcome))
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The usage of a compaction served here: compactor's count of the conversation before and
+/// after it (no model produced tokens for the client).
+fn usage(outcome: &Outcome) -> Value {
+    let (before, after) = (outcome.tokens_before, outcome.tokens_after);
+    json!({
+        "input_tokens": before,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": after,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": before + after,
+    })
 }
 
 /// A compact call's body, as the Responses body the planner reads.
@@ -223,29 +429,19 @@ fn input_items(body: &[u8]) -> Vec<Value> {
     }
 }
 
-/// The planner's output items with its summary item (the one item it added) replaced by the
-/// sealed compaction item; None when no summary item is found.
-fn replace_summary(
-    mut items: Vec<Value>,
-    original: &[Value],
+fn compaction_item(
     sealer: &Sealer,
     tenant: &[u8; 32],
-) -> Result<Option<Vec<Value>>, ProxyError> {
-    let summary = items.iter().enumerate().find_map(|(i, item)| {
-        let text = item.pointer("/content/0/text")?.as_str()?;
-        let summary = text.strip_prefix(SUMMARY_PREFIX)?;
-        (!original.contains(item)).then(|| (i, summary.to_string()))
-    });
-    let Some((at, summary)) = summary else {
-        return Ok(None);
+    summary: &str,
+    items: Vec<Box<RawValue>>,
+) -> Result<Value, ProxyError> {
+    let carried = Carried {
+        summary: summary.to_string(),
+        items,
     };
-    items[at] = compaction_item(sealer, tenant, &summary)?;
-    Ok(Some(items))
-}
-
-fn compaction_item(sealer: &Sealer, tenant: &[u8; 32], summary: &str) -> Result<Value, ProxyError> {
+    let plain = serde_json::to_string(&carried).map_err(|e| ProxyError::Internal(e.to_string()))?;
     let sealed = sealer
-        .seal(tenant, summary)
+        .seal(tenant, &plain)
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
     Ok(json!({
         "id": format!("cmp_{}", hex_digest(&[sealed.as_bytes()])),
@@ -282,10 +478,54 @@ mod tests {
         Sealer::new(&[Secret::new("a sealing key of 16+ bytes")]).unwrap()
     }
 
+    fn sealed(sealer: &Sealer, summary: &str, items: &[&str]) -> String {
+        let items = items
+            .iter()
+            .map(|raw| RawValue::from_string(raw.to_string()).unwrap())
+            .collect();
+        let item = compaction_item(sealer, &[3; 32], summary, items).unwrap();
+        item["encrypted_content"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn an_item_carrying_the_kept_tail_expands_into_the_summary_and_the_tail() {
+        let sealer = sealer();
+        let call = r#"{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}"#;
+        let output = r#"{"type":"function_call_output","call_id":"c","output":"x"}"#;
+        let sealed = sealed(&sealer, "earlier", &[call, output]);
+        let body = format!(
+            r#"{{"model":"m","input":[{{"role":"user","content":"task"}},{{"type":"compaction","encrypted_content":"{sealed}"}},{{"role":"user","content":"go on"}}]}}"#
+        );
+        let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+        let value: Value = serde_json::from_slice(&out).unwrap();
+        let items = value["input"].as_array().unwrap();
+        assert_eq!(items.len(), 5);
+        assert_eq!(
+            items[1]["content"][0]["text"],
+            format!("{SUMMARY_PREFIX}earlier")
+        );
+        assert_eq!(items[2]["type"], "function_call");
+        assert_eq!(items[3]["type"], "function_call_output");
+        assert_eq!(items[4]["content"], "go on");
+    }
+
+    #[test]
+    fn a_trigger_is_the_last_item_or_nothing() {
+        assert!(ends_with_trigger(
+            br#"{"model":"m","input":[{"role":"user","content":"q"},{"type":"compaction_trigger"}]}"#
+        ));
+        assert!(!ends_with_trigger(
+            br#"{"model":"m","input":[{"type":"compaction_trigger"},{"role":"user","content":"q"}]}"#
+        ));
+        assert!(!ends_with_trigger(
+            br#"{"model":"m","input":"compaction_trigger"}"#
+        ));
+    }
+
     #[test]
     fn compactors_items_are_expanded_in_place_and_others_kept() {
         let sealer = sealer();
-        let sealed = sealer.seal(&[3; 32], "they fixed the bug").unwrap();
+        let sealed = sealed(&sealer, "they fixed the bug", &[]);
         let body = format!(
             r#"{{"model":"m","input":[{{"type":"compaction","id":"c1","encrypted_content":"gAAAAforeign"}}, {{"type":"compaction","id":"c2","encrypted_content":"{sealed}"}},{{"role":"user","content":"go on"}}]}}"#
         );
@@ -306,7 +546,7 @@ mod tests {
     #[test]
     fn another_tenants_or_an_altered_item_is_refused() {
         let sealer = sealer();
-        let sealed = sealer.seal(&[3; 32], "s").unwrap();
+        let sealed = sealed(&sealer, "s", &[]);
         let body = format!(
             r#"{{"model":"m","input":[{{"type":"compaction","encrypted_content":"{sealed}"}}]}}"#
         );
@@ -319,7 +559,7 @@ mod tests {
     #[test]
     fn an_empty_compaction_leaves_a_valid_array_wherever_it_stands() {
         let sealer = sealer();
-        let empty = sealer.seal(&[3; 32], "").unwrap();
+        let empty = sealed(&sealer, "", &[]);
         let item = format!(r#"{{"type":"compaction","encrypted_content":"{empty}"}}"#);
         let user = r#"{"role":"user","content":"q"}"#;
         for (input, left) in [

@@ -117,36 +117,18 @@ async fn proxy(
         address: client_address,
     };
     let sealer = current.generation.native.for_upstream(&upstream.name);
-    let inbound = match (sealer, inbound) {
-        (Some(sealer), Inbound::Buffered(bytes)) if class.native_compact => {
-            if let Some(engine) = &current.generation.compaction {
-                let answer = native::compact(
-                    engine,
-                    sealer,
-                    &upstream.name,
-                    caller,
-                    &parts.headers,
-                    &bytes,
-                )
-                .await?;
-                return Ok(json_response(answer));
-            }
-            Inbound::Buffered(bytes)
-        }
-        // The client's copy of a compaction compactor made becomes the summary it carries.
-        (Some(sealer), Inbound::Buffered(bytes)) if class.api == Some(Api::Responses) => {
-            let tenant = native::tenant(caller, &parts.headers);
-            match native::expand(&bytes, sealer, &tenant)? {
-                Some(expanded) => {
-                    parts
-                        .headers
-                        .insert(header::CONTENT_LENGTH, HeaderValue::from(expanded.len()));
-                    Inbound::Buffered(expanded)
-                }
-                None => Inbound::Buffered(bytes),
+    let inbound = match sealer {
+        Some(sealer) => {
+            match serve_native(
+                current, &class, sealer, upstream, caller, &mut parts, inbound, log,
+            )
+            .await?
+            {
+                Native::Answered(response) => return Ok(response),
+                Native::Forward(inbound) => inbound,
             }
         }
-        (_, inbound) => inbound,
+        None => inbound,
     };
     let compacting = compact(
         current,
@@ -207,6 +189,79 @@ async fn proxy(
         log.calibration = calibration_sample(engine, compacted.as_ref(), log.model.as_deref());
     }
     Ok(respond(response, compacted, log))
+}
+
+/// What the native compaction contracts made of a request to an upstream they are served for.
+enum Native {
+    /// Answered here: a compact call, or a Responses request ending with a trigger.
+    Answered(Response<ProxyBody>),
+    /// To forward, with compactor's compaction items expanded.
+    Forward(Inbound),
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve_native(
+    current: &Current,
+    class: &Class,
+    sealer: &crate::sealing::Sealer,
+    upstream: &Upstream,
+    caller: Caller<'_>,
+    parts: &mut http::request::Parts,
+    inbound: Inbound,
+    log: &mut RequestLog,
+) -> Result<Native, ProxyError> {
+    let (Some(engine), Inbound::Buffered(bytes)) = (&current.generation.compaction, &inbound)
+    else {
+        return Ok(Native::Forward(inbound));
+    };
+    if class.native_compact {
+        let (answer, outcome) = native::compact(
+            engine,
+            sealer,
+            &upstream.name,
+            caller,
+            &parts.headers,
+            bytes,
+        )
+        .await?;
+        log.compaction = Some(outcome);
+        log.route = Route::Local;
+        return Ok(Native::Answered(json_response(answer, "application/json")));
+    }
+    if class.api != Some(Api::Responses) {
+        return Ok(Native::Forward(inbound));
+    }
+    // The client's copy of a compaction compactor made becomes what it carries.
+    let tenant = native::tenant(caller, &parts.headers);
+    let bytes = match native::expand(bytes, sealer, &tenant)? {
+        Some(expanded) => {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(expanded.len()));
+            expanded
+        }
+        None => bytes.clone(),
+    };
+    if !native::ends_with_trigger(&bytes) {
+        return Ok(Native::Forward(Inbound::Buffered(bytes)));
+    }
+    let (answer, streamed, outcome) = native::compact_on_trigger(
+        engine,
+        sealer,
+        &upstream.name,
+        caller,
+        &parts.headers,
+        &bytes,
+    )
+    .await?;
+    log.compaction = Some(outcome);
+    log.route = Route::Local;
+    let content_type = if streamed {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    Ok(Native::Answered(json_response(answer, content_type)))
 }
 
 /// Where a request is addressed, once its path is checked.
@@ -657,12 +712,11 @@ pub fn local_route<B>(
     Some(response)
 }
 
-fn json_response(body: Bytes) -> Response<ProxyBody> {
+fn json_response(body: Bytes, content_type: &'static str) -> Response<ProxyBody> {
     let mut response = Response::new(body::full(body));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 

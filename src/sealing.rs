@@ -23,8 +23,8 @@ const VERSION: u8 = 1;
 /// What a compaction item's `encrypted_content` holds, as this deployment reads it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Opened {
-    /// Sealed here, for this tenant: the summary.
-    Summary(String),
+    /// Sealed here, for this tenant: what was sealed.
+    Plain(String),
     /// Not compactor's (the provider's own): forwarded as it came.
     Foreign,
     /// Marked as compactor's but no key opens it for this tenant: altered, sealed for another
@@ -109,7 +109,7 @@ impl Sealer {
             let mut buffer = sealed.to_vec();
             if let Ok(plain) = key.open_in_place(nonce, Aad::from(aad(tenant)), &mut buffer) {
                 return match String::from_utf8(plain.to_vec()) {
-                    Ok(summary) => Opened::Summary(summary),
+                    Ok(summary) => Opened::Plain(summary),
                     Err(_) => Opened::Refused,
                 };
             }
@@ -147,7 +147,7 @@ mod tests {
         assert!(!sealed.contains("summary"));
         assert_eq!(
             sealer.open(&[1; 32], &sealed),
-            Opened::Summary("the summary".into())
+            Opened::Plain("the summary".into())
         );
         assert_eq!(sealer.open(&[2; 32], &sealed), Opened::Refused);
     }
@@ -169,7 +169,7 @@ mod tests {
     fn old_keys_still_open_after_a_rotation_and_unlisted_ones_do_not() {
         let before = sealer(&["old"]).seal(&[1; 32], "s").unwrap();
         let rotated = sealer(&["new", "old"]);
-        assert_eq!(rotated.open(&[1; 32], &before), Opened::Summary("s".into()));
+        assert_eq!(rotated.open(&[1; 32], &before), Opened::Plain("s".into()));
         let after = rotated.seal(&[1; 32], "t").unwrap();
         assert_eq!(sealer(&["old"]).open(&[1; 32], &after), Opened::Refused);
         assert_eq!(sealer(&["new"]).open(&[1; 32], &before), Opened::Refused);

@@ -87,9 +87,10 @@ def summarizer():
     process.stop()
 
 
-def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams=""):
+def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams="", top_level=""):
     """compactor with compaction on (`trigger` as YAML), `keep` messages kept, summaries from
-    `summarizer`; `upstreams` adds upstream entries before the summarizer's."""
+    `summarizer`; `upstreams` adds upstream entries before the summarizer's, `top_level` more
+    top-level keys."""
     extra = upstreams + (
         "  - name: summarizer\n"
         f"    base_url: {summarizer.url}/v1\n"
@@ -106,7 +107,7 @@ def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tok
           summary_max_tokens: {summary_max_tokens}
         """
     ).format(trigger=trigger, keep=keep, summary_max_tokens=summary_max_tokens)
-    return start_compactor(mock_upstream.url, summarization=summarization, extra=extra)
+    return start_compactor(mock_upstream.url, summarization=summarization + top_level, extra=extra)
 
 
 @pytest.fixture(scope="session")

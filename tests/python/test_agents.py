@@ -188,6 +188,56 @@ def test_codex_with_its_built_in_provider_is_compacted_on_later_steps(gateway, a
     assert moved["summarized"] + moved["reused"] >= 1, moved
 
 
+@pytest.fixture(scope="module")
+def plain_agent_upstream(workspace):
+    """The agent mock as a Responses server without OpenAI's compaction contract (vLLM, SGLang):
+    it refuses a `compaction` item and answers a `compaction_trigger` as an ordinary turn."""
+    process = Process(
+        [
+            str(BIN_DIR / "mock-upstream"),
+            "--listen",
+            "127.0.0.1:0",
+            "--mode",
+            "agent",
+            "--agent-steps",
+            str(STEPS),
+            "--agent-files",
+            str(workspace / "notes"),
+            "--without-native-compaction",
+        ]
+    )
+    yield process
+    process.stop()
+
+
+def test_codex_remote_compaction_is_served_for_an_upstream_without_it(plain_agent_upstream, summarizer, workspace):
+    """Codex's built-in provider compacts remotely (a `/responses` request ending with a
+    `compaction_trigger` item, which must answer exactly one compaction item) once its context
+    passes `model_auto_compact_token_limit`. Against an upstream without the contract it stops
+    with "expected exactly one compaction output item"; through compactor with sealing keys it
+    runs to the end, and every later turn carries the item, expanded before the upstream."""
+    sealing = "sealing:\n  keys: ['a sealing key, 16 bytes or more']\n"
+    gateway = start_compacting(
+        plain_agent_upstream, summarizer, "[{type: tokens, value: 60000}]", keep=6, top_level=sealing
+    )
+    try:
+        served_before = metric_total(gateway, "compactor_requests_total", route="local", status="200")
+        counts = Counts(gateway, plain_agent_upstream)
+        out = run(
+            [cli("codex"), "exec", "-c", f"openai_base_url={gateway.url}/v1", "-c", "model_auto_compact_token_limit=40000",
+             "Investigate the notes and report what you find."],
+            workspace,
+            {"CODEX_API_KEY": "sk-test"},
+        )
+        assert f"AGENT-DONE steps={STEPS}" in out
+        moved = counts.delta()
+        assert moved["rejections"] == 0, f"the upstream refused a request: {moved['last_rejection']}"
+        served = metric_total(gateway, "compactor_requests_total", route="local", status="200") - served_before
+        assert served >= 2, served
+    finally:
+        gateway.stop()
+
+
 def test_the_loop_runs_going_direct_too(agent_upstream, workspace):
     """The same run straight at the mock: the loop and the validation hold without compactor."""
     before = get_json(agent_upstream.url + "/mock/stats")["rejections"]

@@ -8,7 +8,7 @@ import textwrap
 
 import openai
 import pytest
-from openai.types.responses import ResponseCompactionItem, ResponseUsage
+from openai.types.responses import Response, ResponseCompactionItem, ResponseUsage
 
 from conftest import BIN_DIR, Process, start_compactor
 
@@ -175,3 +175,26 @@ def test_compact_is_passed_to_an_upstream_marked_pass(plain_upstream, summarizer
             client(process).responses.compact(model=MODEL, input=history("pass"))
     finally:
         process.stop()
+
+
+def test_a_trigger_item_is_answered_with_exactly_one_compaction_item_streamed_or_not(proxy):
+    """Codex's remote compaction v2: `/responses` with a trailing `compaction_trigger` item."""
+    items = history("trigger") + [{"type": "compaction_trigger"}]
+    raw = client(proxy).responses.with_raw_response.create(model=MODEL, input=items)
+    body = raw.http_response.json()
+    Response.model_validate(body, strict=True)
+    (item,) = body["output"]
+    ResponseCompactionItem.model_validate(item, strict=True)
+
+    events = list(client(proxy).responses.create(model=MODEL, input=items, stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [item.type for item in done] == ["compaction"]
+    assert events[-1].response.output[0].encrypted_content == done[0].encrypted_content
+
+    # The client keeps its instructions and user turns and puts the item after them, as Codex
+    # does; the item brings back the summary and the rest of the kept tail.
+    kept = [i for i in history("trigger") if i.get("role") in ("developer", "user")]
+    next_turn = kept + [done[0].model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+    assert client(proxy).responses.create(model=MODEL, input=next_turn).output_text
