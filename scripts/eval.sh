@@ -3,7 +3,7 @@
 # (English, code, CJK) with planted facts, through compactor's strategies and the references'
 # policies; prints which facts are kept verbatim, shown to the summarizer, or lost outright.
 # The same test runs in CI with its thresholds (tests/suite/eval.rs). The model tier (a real
-# summarizer and answering model by URL) is not built yet.
+# summarizer and answering model) is scripts/eval-model.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --quiet --test suite eval:: -- --nocapture 2>&1 | grep -E '^\|'

@@ -1,13 +1,12 @@
-//! The providers' own compaction contracts, served for upstreams that lack them (issue 28):
-//! OpenAI's `POST /v1/responses/compact`. The conversation is compacted by the planner and the
+//! The providers' own compaction contracts, served for upstreams that lack them: OpenAI's
+//! `POST /v1/responses/compact`, and a `/responses` request ending with a `compaction_trigger`
+//! item (Codex's remote compaction). The conversation is compacted by the planner and the
 //! summarizer every other request uses (its cache, budget and single flight included), and
-//! answered in OpenAI's shape: the items kept, and exactly one `compaction` item in the
-//! summary's place carrying the summary sealed ([`crate::sealing`]). When the client sends that
-//! item back on `/responses`, it is expanded into the summary message before the request goes
-//! on, so the upstream never sees an item it does not know. Items compactor did not seal are
-//! forwarded untouched; ones it sealed that do not open are refused.
-
-use std::ops::Range;
+//! answered in OpenAI's shape with exactly one `compaction` item, which carries the summary
+//! sealed ([`crate::sealing`]). When the client sends that item back on `/responses`, it is
+//! expanded into what it carries before the request goes on, so the upstream never sees an item
+//! it does not know. Items compactor did not seal are forwarded untouched; ones it sealed that
+//! do not open are refused.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
@@ -16,7 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::engine::CompactionEngine;
-use crate::compaction::front_ends::responses::{compaction_items, summary_item};
+use crate::compaction::front_ends::responses::{input_item_spans, summary_item};
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
@@ -62,8 +61,9 @@ pub fn tenant(caller: Caller<'_>, headers: &HeaderMap) -> [u8; 32] {
     Credentials::of(caller, headers).tenant()
 }
 
-/// `body` (a Responses or compact body) with compactor's own compaction items replaced by the
-/// summary message they carry; None when it holds none (most bodies: a byte search decides).
+/// `body` (a Responses or compact body) with compactor's own compaction items replaced by what
+/// they carry (the summary message, kept items); None when it holds none (most bodies: a byte
+/// search decides).
 pub fn expand(
     body: &[u8],
     sealer: &Sealer,
@@ -72,59 +72,46 @@ pub fn expand(
     if memchr::memmem::find(body, crate::sealing::PREFIX.as_bytes()).is_none() {
         return Ok(None);
     }
-    let Some(items) = compaction_items(body) else {
+    let Some(items) = input_item_spans(body) else {
         return Ok(None);
     };
-    let mut replacements = Vec::new();
-    for (span, sealed) in items {
-        let carried = match sealer.open(tenant, &sealed) {
-            Opened::Foreign => continue,
+    let (Some(first), Some(last)) = (items.first(), items.last()) else {
+        return Ok(None);
+    };
+    let array = first.0.start..last.0.end;
+    // The items between the first and the last, rebuilt: each kept as its bytes or replaced by
+    // what it carries (possibly nothing), joined by commas.
+    let mut rebuilt: Vec<String> = Vec::with_capacity(items.len());
+    let mut expanded = false;
+    for (span, sealed) in &items {
+        let original = || String::from_utf8_lossy(&body[span.clone()]).into_owned();
+        let Some(sealed) = sealed else {
+            rebuilt.push(original());
+            continue;
+        };
+        let carried = match sealer.open(tenant, sealed) {
+            Opened::Foreign => {
+                rebuilt.push(original());
+                continue;
+            }
             Opened::Refused => return Err(ProxyError::SealedItemRefused),
             Opened::Plain(plain) => serde_json::from_str::<Carried>(&plain)
                 .map_err(|_| ProxyError::SealedItemRefused)?,
         };
-        let mut parts = Vec::with_capacity(1 + carried.items.len());
+        expanded = true;
         if !carried.summary.is_empty() {
-            parts.push(summary_item(&carried.summary));
+            rebuilt.push(summary_item(&carried.summary));
         }
-        parts.extend(carried.items.iter().map(|item| item.get().to_string()));
-        if parts.is_empty() {
-            replacements.push((with_separator(body, span), String::new()));
-        } else {
-            replacements.push((span, parts.join(",")));
-        }
+        rebuilt.extend(carried.items.iter().map(|item| item.get().to_string()));
     }
-    if replacements.is_empty() {
+    if !expanded {
         return Ok(None);
     }
     let mut out = Vec::with_capacity(body.len());
-    let mut at = 0;
-    for (span, text) in replacements {
-        out.extend_from_slice(&body[at..span.start]);
-        out.extend_from_slice(text.as_bytes());
-        at = span.end;
-    }
-    out.extend_from_slice(&body[at..]);
+    out.extend_from_slice(&body[..array.start]);
+    out.extend_from_slice(rebuilt.join(",").as_bytes());
+    out.extend_from_slice(&body[array.end..]);
     Ok(Some(Bytes::from(out)))
-}
-
-/// An item's span widened to the comma that separates it from its neighbour, so removing it
-/// leaves a valid array: the comma after it, or for the last item the one before it.
-fn with_separator(body: &[u8], span: Range<usize>) -> Range<usize> {
-    let after = body[span.end..]
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .map(|i| span.end + i);
-    if let Some(comma) = after.filter(|&i| body[i] == b',') {
-        return span.start..comma + 1;
-    }
-    let before = body[..span.start]
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace());
-    match before.filter(|&i| body[i] == b',') {
-        Some(comma) => comma..span.end,
-        None => span,
-    }
 }
 
 /// What a compaction item carries, sealed: the summary, and the items it stands for that the
@@ -537,9 +524,9 @@ mod tests {
             format!("{SUMMARY_PREFIX}they fixed the bug")
         );
         assert_eq!(value["input"][2]["content"], "go on");
-        // Everything outside the item is the client's bytes.
-        let start = body.find(r#"{"type":"compaction","id":"c2""#).unwrap();
-        assert!(out.starts_with(&body.as_bytes()[..start]));
+        // Every other item keeps its bytes; between items there is one comma.
+        let foreign = r#"{"type":"compaction","id":"c1","encrypted_content":"gAAAAforeign"}"#;
+        assert!(out.starts_with(format!(r#"{{"model":"m","input":[{foreign},"#).as_bytes()));
         assert!(out.ends_with(br#",{"role":"user","content":"go on"}]}"#));
     }
 
@@ -567,6 +554,8 @@ mod tests {
             (format!("[{user} ,{item} ]"), 1),
             (format!("[{user},{item},{user}]"), 2),
             (format!("[{item}]"), 0),
+            (format!("[{item},{item}]"), 0),
+            (format!("[{user}, {item} , {item}]"), 1),
         ] {
             let body = format!(r#"{{"model":"m","input":{input}}}"#);
             let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();

@@ -210,24 +210,25 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     )))
 }
 
-/// The `compaction` items of a Responses body (or a `/responses/compact` body): where each
-/// item's object lies in `body` and its `encrypted_content`. None when the body is not one.
-pub fn compaction_items(body: &[u8]) -> Option<Vec<(Range<usize>, String)>> {
+/// The items of a Responses body's `input` array (or a `/responses/compact` body's): where
+/// each item's object lies in `body`, and for a `compaction` item its `encrypted_content`.
+/// None when the body is not one.
+pub fn input_item_spans(body: &[u8]) -> Option<Vec<(Range<usize>, Option<String>)>> {
     let text = std::str::from_utf8(body).ok()?;
     let view: RequestView<'_> = serde_json::from_str(text).ok()?;
     let Some(Input::Items(items)) = view.input else {
         return Some(Vec::new());
     };
-    let mut found = Vec::new();
+    let mut found = Vec::with_capacity(items.len());
     for fields in &items {
-        if fields.kind.and_then(string_value).as_deref() != Some("compaction") {
-            continue;
-        }
         let first = offset_in(text, fields.first);
         let last_end = offset_in(text, fields.last) + fields.last.len();
         let span = object_span(text, first, last_end)?;
-        let sealed = fields.encrypted_content.and_then(string_value)?;
-        found.push((span, sealed.into_owned()));
+        let sealed = (fields.kind.and_then(string_value).as_deref() == Some("compaction"))
+            .then(|| fields.encrypted_content.and_then(string_value))
+            .flatten()
+            .map(Cow::into_owned);
+        found.push((span, sealed));
     }
     Some(found)
 }
