@@ -224,9 +224,12 @@ async fn serve_native(
             bytes,
         )
         .await?;
-        log.compaction = Some(outcome);
-        log.route = Route::Local;
-        return Ok(Native::Answered(json_response(answer, "application/json")));
+        return Ok(Native::Answered(answered(
+            answer,
+            "application/json",
+            outcome,
+            log,
+        )));
     }
     if class.api != Some(Api::Responses) {
         return Ok(Native::Forward(inbound));
@@ -254,14 +257,32 @@ async fn serve_native(
         &bytes,
     )
     .await?;
-    log.compaction = Some(outcome);
-    log.route = Route::Local;
     let content_type = if streamed {
         "text/event-stream"
     } else {
         "application/json"
     };
-    Ok(Native::Answered(json_response(answer, content_type)))
+    Ok(Native::Answered(answered(
+        answer,
+        content_type,
+        outcome,
+        log,
+    )))
+}
+
+/// A native compaction answered here: what compaction did in its headers and the log, which
+/// counts it as compactor's own answer.
+fn answered(
+    body: Bytes,
+    content_type: &'static str,
+    outcome: crate::compaction::Outcome,
+    log: &mut RequestLog,
+) -> Response<ProxyBody> {
+    let mut response = json_response(body, content_type);
+    outcome.write_headers(response.headers_mut());
+    log.compaction = Some(outcome);
+    log.route = Route::Local;
+    response
 }
 
 /// Where a request is addressed, once its path is checked.

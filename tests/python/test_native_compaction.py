@@ -198,3 +198,9 @@ def test_a_trigger_item_is_answered_with_exactly_one_compaction_item_streamed_or
     kept = [i for i in history("trigger") if i.get("role") in ("developer", "user")]
     next_turn = kept + [done[0].model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
     assert client(proxy).responses.create(model=MODEL, input=next_turn).output_text
+
+
+def test_a_served_compaction_says_what_it_did_in_the_usual_headers(proxy):
+    raw = client(proxy).responses.with_raw_response.compact(model=MODEL, input=history("headers"))
+    assert raw.headers["x-compactor-compaction"] in ("summarized", "reused")
+    assert int(raw.headers["x-compactor-tokens-after"]) < int(raw.headers["x-compactor-tokens-before"])
