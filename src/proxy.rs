@@ -117,6 +117,7 @@ async fn proxy(
         address: client_address,
     };
     let sealer = current.generation.native.for_upstream(&upstream.name);
+    let mut served = None;
     let inbound = match sealer {
         Some(sealer) => {
             match serve_native(
@@ -126,20 +127,38 @@ async fn proxy(
             {
                 Native::Answered(response) => return Ok(response),
                 Native::Forward(inbound) => inbound,
+                Native::Compacted(body, outcome) => {
+                    served = Some(outcome);
+                    Inbound::Buffered(body)
+                }
             }
         }
         None => inbound,
     };
-    let compacting = compact(
-        current,
-        &class,
-        &parts.headers,
-        upstream,
-        caller,
-        inbound,
-        log,
-    )
-    .await?;
+    let compacting = match (served, inbound) {
+        // Compacted already, on the client's own terms: forwarded as it is.
+        (Some(outcome), Inbound::Buffered(body)) => {
+            let compacted = Compacted::served(body.clone(), outcome);
+            Compacting {
+                body: body::full(body),
+                compacted: Some(compacted),
+                engine: None,
+                retry: None,
+            }
+        }
+        (_, inbound) => {
+            compact(
+                current,
+                &class,
+                &parts.headers,
+                upstream,
+                caller,
+                inbound,
+                log,
+            )
+            .await?
+        }
+    };
     let mut headers = parts.headers;
     if key.is_some() {
         // The client's credential is a compactor key: it never leaves compactor.
@@ -197,6 +216,8 @@ enum Native {
     Answered(Response<ProxyBody>),
     /// To forward, with compactor's compaction items expanded.
     Forward(Inbound),
+    /// Compacted as the client's own edit asked: forwarded without compacting it again.
+    Compacted(Bytes, crate::compaction::Outcome),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -230,6 +251,44 @@ async fn serve_native(
             outcome,
             log,
         )));
+    }
+    if class.api == Some(Api::Messages) {
+        let served = native::messages::serve(
+            engine,
+            sealer,
+            &upstream.name,
+            caller,
+            &parts.headers,
+            bytes,
+        )
+        .await?;
+        return Ok(match served {
+            native::messages::Served::Forward(None) => Native::Forward(inbound),
+            native::messages::Served::Forward(Some(body)) => {
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                Native::Forward(Inbound::Buffered(body))
+            }
+            native::messages::Served::Compacted { body, outcome } => {
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                Native::Compacted(body, outcome)
+            }
+            native::messages::Served::Answer {
+                body,
+                streamed,
+                outcome,
+            } => {
+                let content_type = if streamed {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                };
+                Native::Answered(answered(body, content_type, outcome, log))
+            }
+        });
     }
     if class.api != Some(Api::Responses) {
         return Ok(Native::Forward(inbound));

@@ -224,6 +224,34 @@ fn validate_context_management(request: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// What an Anthropic-compatible server without the compaction contract refuses: a `compact_*`
+/// edit and a `compaction` block.
+pub fn without_compaction(request: &Value) -> Result<(), String> {
+    let edits = request
+        .pointer("/context_management/edits")
+        .and_then(Value::as_array);
+    for (i, edit) in edits.into_iter().flatten().enumerate() {
+        let kind = edit.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind.starts_with("compact_") {
+            return Err(format!(
+                "context_management.edits.{i}.type: unknown edit type '{kind}'"
+            ));
+        }
+    }
+    let messages = request.get("messages").and_then(Value::as_array);
+    for (m, message) in messages.into_iter().flatten().enumerate() {
+        let blocks = message.get("content").and_then(Value::as_array);
+        for (b, block) in blocks.into_iter().flatten().enumerate() {
+            if block.get("type").and_then(Value::as_str) == Some("compaction") {
+                return Err(format!(
+                    "messages.{m}.content.{b}.type: unknown content block type 'compaction'"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Anthropic's checks on a Messages request: a non-empty `messages` starting with a user turn
 /// and alternating roles; every `tool_use` answered by a `tool_result` in the next message and
 /// every `tool_result` answering a `tool_use` of the previous one, results before any other

@@ -499,7 +499,14 @@ async fn serve_request(
         *lock(&state.last_rejection) = message.to_string();
     };
     if options.validate && messages_api {
-        if let Err(message) = anthropic::validate(&request) {
+        let checked = anthropic::validate(&request).and_then(|()| {
+            if options.native_compaction {
+                Ok(())
+            } else {
+                anthropic::without_compaction(&request)
+            }
+        });
+        if let Err(message) = checked {
             reject(&message);
             return Ok(anthropic_error(StatusCode::BAD_REQUEST, &message));
         }

@@ -195,6 +195,16 @@ impl Compacted {
         self
     }
 
+    /// A body compacted on a native contract's terms (see `crate::native`), forwarded as it is.
+    pub fn served(body: Bytes, outcome: Outcome) -> Compacted {
+        Compacted {
+            body,
+            rewritten: true,
+            outcome,
+            notice: None,
+        }
+    }
+
     fn original(body: Bytes, outcome: Outcome) -> Compacted {
         Compacted {
             body,
@@ -299,6 +309,18 @@ impl CompactionEngine {
         // The summarizer's window is learned now: planned again, the calls are cut to it.
         self.run(headers, first.body, upstream, caller, api, None)
             .await
+    }
+
+    /// compactor's count of a body's input (its messages and schemas), as its triggers count
+    /// it; None for a body its front-end cannot plan.
+    pub fn count(&self, api: Api, body: &[u8]) -> Option<u64> {
+        let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
+            return None;
+        };
+        let windows = &self.inner.planner.windows;
+        let model = windows.token_model(conversation.model.as_deref());
+        let messages: u64 = conversation.message_tokens(&model).iter().sum();
+        Some(messages + conversation.schema_tokens(&model))
     }
 
     /// The right to calibrate `model`'s count from the upstream's usage for this forwarded

@@ -180,10 +180,11 @@ pub struct UpstreamConfig {
     pub first_byte_timeout_secs: f64,
     /// Longest silence allowed between two response body frames.
     pub idle_timeout_secs: f64,
-    /// The providers' own compaction contracts (OpenAI's `/responses/compact`): `pass` forwards
-    /// them, `serve` answers them with compactor's planner and summarizer, `auto` (default)
-    /// serves them when `sealing.keys` is set and the upstream is not the provider that defines
-    /// them (`api.openai.com`), else passes.
+    /// The providers' own compaction contracts (OpenAI's `/responses/compact` and
+    /// `compaction_trigger`, Anthropic's `compact_20260112` edit): `pass` forwards them,
+    /// `serve` answers them with compactor's planner and summarizer, `auto` (default) serves
+    /// them when `sealing.keys` is set and the upstream is not a provider that defines them
+    /// (`api.openai.com`, `api.anthropic.com`), else passes.
     pub native_compaction: NativeCompaction,
 }
 
@@ -207,7 +208,8 @@ impl UpstreamConfig {
         }
     }
 
-    /// The provider whose contract it is: it answers `/responses/compact` itself.
+    /// A provider whose contracts these are: it answers them itself (OpenAI's
+    /// `/responses/compact` and trigger item, Anthropic's `compact_*` edit).
     fn defines_native_compaction(&self) -> bool {
         let host = self
             .base_url
@@ -215,7 +217,9 @@ impl UpstreamConfig {
             .nth(1)
             .and_then(|rest| rest.split(['/', ':']).next())
             .unwrap_or("");
-        host.eq_ignore_ascii_case("api.openai.com")
+        ["api.openai.com", "api.anthropic.com"]
+            .iter()
+            .any(|provider| host.eq_ignore_ascii_case(provider))
     }
 }
 
@@ -945,6 +949,9 @@ mod tests {
     base_url: http://127.0.0.1:9/v1
   - name: openai
     base_url: https://api.openai.com/v1
+  - name: anthropic
+    api: anthropic
+    base_url: https://api.anthropic.com/v1
   - name: forced
     base_url: https://API.OPENAI.COM:443/v1
     native_compaction: serve
@@ -961,7 +968,7 @@ sealing: {keys: [\"${SEAL}\"]}
             .iter()
             .map(|u| u.serves_native_compaction(&config.sealing))
             .collect();
-        assert_eq!(served, [true, false, true, false]);
+        assert_eq!(served, [true, false, false, true, false]);
         // Without keys, auto passes everything.
         let unsealed = SealingConfig::default();
         assert!(!config.upstreams[0].serves_native_compaction(&unsealed));

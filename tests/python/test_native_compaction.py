@@ -6,7 +6,9 @@ call, seals the summary into the one compaction item, and expands that item on l
 import socket
 import textwrap
 
+import anthropic
 import openai
+from anthropic.types.beta import BetaMessage
 import pytest
 from openai.types.responses import Response, ResponseCompactionItem, ResponseUsage
 
@@ -204,3 +206,80 @@ def test_a_served_compaction_says_what_it_did_in_the_usual_headers(proxy):
     raw = client(proxy).responses.with_raw_response.compact(model=MODEL, input=history("headers"))
     assert raw.headers["x-compactor-compaction"] in ("summarized", "reused")
     assert int(raw.headers["x-compactor-tokens-after"]) < int(raw.headers["x-compactor-tokens-before"])
+
+
+# Anthropic's `compact_20260112` edit, for an Anthropic-compatible upstream without it (the mock
+# with `--without-native-compaction` refuses the edit and a `compaction` block, as LiteLLM's or
+# vLLM's Messages endpoints do).
+
+CLAUDE = "claude-sonnet-4-5"
+BETAS = ["compact-2026-01-12"]
+
+
+def claude(process):
+    return anthropic.Anthropic(base_url=process.url, api_key="sk-ant-test", max_retries=0, timeout=20)
+
+
+def claude_run(tag, turns=5):
+    messages = [{"role": "user", "content": f"{tag}: fix the bug"}]
+    for i in range(turns):
+        tool_id = f"toolu_{tag}_{i}"
+        messages.append({"role": "assistant", "content": [
+            {"type": "text", "text": "Reading."},
+            {"type": "tool_use", "id": tool_id, "name": "Read", "input": {"file_path": f"src/{i}.rs"}},
+        ]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": tool_id, "content": "fn main() {} " * 20},
+        ]})
+    return messages
+
+
+TOOLS = [{"name": "Read", "description": "read a file", "input_schema": {"type": "object"}}]
+
+
+def edit(pause, trigger=200):
+    return {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": trigger}, "pause_after_compaction": pause}]}
+
+
+def test_a_paused_compaction_is_answered_in_anthropics_shape_streamed_or_not(proxy):
+    run = claude_run("paused")
+    raw = claude(proxy).beta.messages.with_raw_response.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(True)
+    )
+    body = raw.http_response.json()
+    BetaMessage.model_validate(body, strict=True)
+    assert body["stop_reason"] == "compaction"
+    (block,) = body["content"]
+    assert block["type"] == "compaction" and block["content"]
+    assert block["encrypted_content"].startswith("compactor.v1.")
+    assert body["usage"]["iterations"][0]["type"] == "compaction"
+
+    with claude(proxy).beta.messages.stream(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(True)
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "compaction"
+    assert [b.type for b in final.content] == ["compaction"]
+    assert final.content[0].content == block["content"]
+
+    # The next turn sends the block back; the upstream, which refuses it, gets what it carries.
+    next_turn = run + [{"role": "assistant", "content": [block]}, {"role": "user", "content": "go on"}]
+    answer = claude(proxy).beta.messages.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=next_turn, betas=BETAS, context_management=edit(True, 10**6)
+    )
+    assert answer.stop_reason == "end_turn"
+
+
+def test_without_pause_the_compacted_request_goes_on_and_under_the_trigger_the_edit_is_dropped(proxy):
+    def create(tag, trigger):
+        return claude(proxy).beta.messages.with_raw_response.create(
+            model=CLAUDE, max_tokens=100, tools=TOOLS, messages=claude_run(tag), betas=BETAS,
+            context_management=edit(False, trigger),
+        )
+
+    over = create("over", 200)
+    assert over.headers["x-compactor-compaction"] in ("summarized", "reused")
+    assert over.parse().stop_reason == "end_turn"
+    # Under the edit's trigger the upstream, which refuses the edit, still answers: it was taken
+    # out (compactor's own triggers then apply as to any request).
+    assert create("under", 10**6).parse().stop_reason == "end_turn"

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::engine::CompactionEngine;
+use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::front_ends::responses::{input_item_spans, summary_item};
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
@@ -27,6 +27,8 @@ use crate::sealing::{Opened, Sealer};
 
 /// The path of OpenAI's compaction endpoint under the API prefix.
 pub const COMPACT_PATH: &str = "/responses/compact";
+
+pub mod messages;
 
 /// Which upstreams get the contracts served, and the sealer for their items.
 #[derive(Debug, Default)]
@@ -89,14 +91,9 @@ pub fn expand(
             rebuilt.push(original());
             continue;
         };
-        let carried = match sealer.open(tenant, sealed) {
-            Opened::Foreign => {
-                rebuilt.push(original());
-                continue;
-            }
-            Opened::Refused => return Err(ProxyError::SealedItemRefused),
-            Opened::Plain(plain) => serde_json::from_str::<Carried>(&plain)
-                .map_err(|_| ProxyError::SealedItemRefused)?,
+        let Some(carried) = open(sealer, tenant, sealed)? else {
+            rebuilt.push(original());
+            continue;
         };
         expanded = true;
         if !carried.summary.is_empty() {
@@ -142,16 +139,7 @@ async fn compact_forced(
     body: Bytes,
 ) -> Result<Compaction, ProxyError> {
     let original = input_items(&body);
-    let mut forced = headers.clone();
-    forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
-    let caller = Caller {
-        may_force: true,
-        ..caller
-    };
-    let compacted = engine
-        .compact(&forced, body, upstream, caller, Api::Responses)
-        .await
-        .map_err(|refused| failed(refused.outcome.reason))?;
+    let compacted = compacted(engine, upstream, caller, headers, body, Api::Responses).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {
@@ -188,6 +176,27 @@ async fn compact_forced(
         }
         _ => Err(failed(outcome.reason)),
     }
+}
+
+/// `body` compacted as if `x-compactor: force` were sent: the client asked for it.
+async fn compacted(
+    engine: &CompactionEngine,
+    upstream: &str,
+    caller: Caller<'_>,
+    headers: &HeaderMap,
+    body: Bytes,
+    api: Api,
+) -> Result<Compacted, ProxyError> {
+    let mut forced = headers.clone();
+    forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
+    let caller = Caller {
+        may_force: true,
+        ..caller
+    };
+    engine
+        .compact(&forced, body, upstream, caller, api)
+        .await
+        .map_err(|refused| failed(refused.outcome.reason))
 }
 
 fn is_instruction(item: &Value) -> bool {
@@ -426,15 +435,30 @@ fn compaction_item(
         summary: summary.to_string(),
         items,
     };
-    let plain = serde_json::to_string(&carried).map_err(|e| ProxyError::Internal(e.to_string()))?;
-    let sealed = sealer
-        .seal(tenant, &plain)
-        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let sealed = seal(sealer, tenant, &carried)?;
     Ok(json!({
         "id": format!("cmp_{}", hex_digest(&[sealed.as_bytes()])),
         "type": "compaction",
         "encrypted_content": sealed,
     }))
+}
+
+fn seal(sealer: &Sealer, tenant: &[u8; 32], carried: &Carried) -> Result<String, ProxyError> {
+    let plain = serde_json::to_string(carried).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    sealer
+        .seal(tenant, &plain)
+        .map_err(|e| ProxyError::Internal(e.to_string()))
+}
+
+/// What a sealed `encrypted_content` carries: None when compactor did not seal it.
+fn open(sealer: &Sealer, tenant: &[u8; 32], sealed: &str) -> Result<Option<Carried>, ProxyError> {
+    match sealer.open(tenant, sealed) {
+        Opened::Foreign => Ok(None),
+        Opened::Refused => Err(ProxyError::SealedItemRefused),
+        Opened::Plain(plain) => serde_json::from_str::<Carried>(&plain)
+            .map(Some)
+            .map_err(|_| ProxyError::SealedItemRefused),
+    }
 }
 
 /// The planner found nothing worth a summary: the answer is the items as they came.

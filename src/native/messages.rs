@@ -1,0 +1,407 @@
+//! Anthropic's `compact_20260112` context-management edit on `/v1/messages`, served for
+//! upstreams that lack it. The edit is taken out of the request (the upstream would refuse or
+//! ignore it); over its trigger (`input_tokens`, 150 000 by default) the conversation is
+//! compacted by compactor's planner and summarizer. With `pause_after_compaction` the answer is
+//! Anthropic's: one `compaction` block and `stop_reason: "compaction"`, streamed when asked.
+//! Without it the compacted request goes on to the upstream, and its answer comes back
+//! untouched (no compaction block is added to a stream compactor did not write).
+//!
+//! A compaction block compactor made carries, sealed in its `encrypted_content`, the messages
+//! the compacted request held (the summary and the kept tail). On later turns, as Anthropic
+//! does, everything before the block is dropped and the block becomes those messages again.
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, tenant, Carried};
+use crate::compaction::engine::CompactionEngine;
+use crate::compaction::front_ends::Api;
+use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::compaction::scope::Caller;
+use crate::compaction::{Outcome, OutcomeKind};
+use crate::error::ProxyError;
+use crate::sealing::{Sealer, PREFIX};
+
+/// The edit this module serves.
+const EDIT: &str = "compact_20260112";
+/// Anthropic's default trigger when the edit names none.
+const DEFAULT_TRIGGER_TOKENS: u64 = 150_000;
+
+/// What serving the contract made of a Messages request.
+pub enum Served {
+    /// Forward this body (edit taken out, compactor's blocks expanded, maybe compacted), or the
+    /// client's own bytes when None.
+    Forward(Option<Bytes>),
+    /// Over the edit's trigger without a pause: compacted, to forward as it is.
+    Compacted { body: Bytes, outcome: Outcome },
+    /// `pause_after_compaction`: answered here.
+    Answer {
+        body: Bytes,
+        streamed: bool,
+        outcome: Outcome,
+    },
+}
+
+pub async fn serve(
+    engine: &CompactionEngine,
+    sealer: &Sealer,
+    upstream: &str,
+    caller: Caller<'_>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Served, ProxyError> {
+    let tenant = tenant(caller, headers);
+    let expanded = expand(body, sealer, &tenant)?;
+    let current = expanded.as_deref().unwrap_or(body);
+    if memchr::memmem::find(current, EDIT.as_bytes()).is_none() {
+        return Ok(Served::Forward(expanded));
+    }
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(current) else {
+        return Ok(Served::Forward(expanded));
+    };
+    let Some(edit) = take_edit(&mut fields) else {
+        return Ok(Served::Forward(expanded));
+    };
+    let trigger = edit
+        .pointer("/trigger/value")
+        .and_then(Value::as_u64)
+        .filter(|_| edit.pointer("/trigger/type").and_then(Value::as_str) == Some("input_tokens"))
+        .unwrap_or(DEFAULT_TRIGGER_TOKENS);
+    let pause = edit.get("pause_after_compaction").and_then(Value::as_bool) == Some(true);
+    let streamed = fields.get("stream").and_then(Value::as_bool) == Some(true);
+    let model = fields
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let stripped = Bytes::from(Value::Object(fields).to_string());
+    let under = engine
+        .count(Api::Messages, &stripped)
+        .is_none_or(|tokens| tokens < trigger);
+    if under {
+        return Ok(Served::Forward(Some(stripped)));
+    }
+    let compacted = super::compacted(
+        engine,
+        upstream,
+        caller,
+        headers,
+        stripped.clone(),
+        Api::Messages,
+    )
+    .await?;
+    let outcome = compacted.outcome.clone();
+    match outcome.kind {
+        OutcomeKind::Summarized | OutcomeKind::Reused => {}
+        OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => {
+            return Ok(Served::Forward(Some(stripped)))
+        }
+        _ => return Err(failed(outcome.reason)),
+    }
+    if !pause {
+        return Ok(Served::Compacted {
+            body: compacted.body,
+            outcome,
+        });
+    }
+    let messages = messages_of(&compacted.body);
+    let summary = summary_in(&messages).unwrap_or_default();
+    let items = messages
+        .iter()
+        .map(|message| RawValue::from_string(message.to_string()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let carried = Carried {
+        summary: summary.clone(),
+        items,
+    };
+    let sealed = seal(sealer, &tenant, &carried)?;
+    let block = json!({"type": "compaction", "content": summary, "encrypted_content": sealed});
+    let id = format!("msg_{}", hex_digest(&[body, &now().to_le_bytes()]));
+    let answer = paused_answer(&id, &model, block, &outcome, streamed);
+    Ok(Served::Answer {
+        body: answer,
+        streamed,
+        outcome,
+    })
+}
+
+/// Takes the `compact_20260112` edit out of `context_management` (and the field itself when
+/// no edit is left).
+fn take_edit(fields: &mut Map<String, Value>) -> Option<Value> {
+    let edits = fields
+        .get_mut("context_management")?
+        .get_mut("edits")?
+        .as_array_mut()?;
+    let at = edits
+        .iter()
+        .position(|edit| edit.get("type").and_then(Value::as_str) == Some(EDIT))?;
+    let edit = edits.remove(at);
+    if edits.is_empty() {
+        fields.remove("context_management");
+    }
+    Some(edit)
+}
+
+fn messages_of(body: &[u8]) -> Vec<Value> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut fields)) => match fields.remove("messages") {
+            Some(Value::Array(messages)) => messages,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// The summary's text in a compacted request: the text block the planner framed.
+fn summary_in(messages: &[Value]) -> Option<String> {
+    messages.iter().find_map(|message| {
+        let blocks = message.get("content")?.as_array()?;
+        blocks.iter().find_map(|block| {
+            let text = block.get("text")?.as_str()?;
+            text.strip_prefix(SUMMARY_PREFIX).map(str::to_string)
+        })
+    })
+}
+
+/// Anthropic's answer to a paused compaction: the block alone, `stop_reason: "compaction"`,
+/// the compaction's usage in `usage.iterations`.
+fn paused_answer(id: &str, model: &str, block: Value, outcome: &Outcome, streamed: bool) -> Bytes {
+    let iteration = json!({
+        "type": "compaction",
+        "input_tokens": outcome.tokens_before,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    });
+    let usage = json!({
+        "input_tokens": outcome.tokens_after,
+        "output_tokens": 0,
+        "iterations": [iteration],
+    });
+    if !streamed {
+        let message = json!({
+            "id": id, "type": "message", "role": "assistant", "model": model,
+            "content": [block], "stop_reason": "compaction", "stop_sequence": null,
+            "usage": usage,
+        });
+        return Bytes::from(message.to_string());
+    }
+    let start = json!({
+        "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": outcome.tokens_after, "output_tokens": 0},
+    });
+    let delta = json!({
+        "type": "compaction_delta",
+        "content": block["content"],
+        "encrypted_content": block["encrypted_content"],
+    });
+    let events = [
+        ("message_start", json!({"message": start})),
+        (
+            "content_block_start",
+            json!({"index": 0, "content_block": {"type": "compaction", "content": null}}),
+        ),
+        ("content_block_delta", json!({"index": 0, "delta": delta})),
+        ("content_block_stop", json!({"index": 0})),
+        (
+            "message_delta",
+            json!({"delta": {"stop_reason": "compaction", "stop_sequence": null}, "usage": usage}),
+        ),
+        ("message_stop", json!({})),
+    ];
+    let mut text = String::new();
+    for (kind, mut data) in events {
+        data["type"] = json!(kind);
+        text.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
+    }
+    Bytes::from(text)
+}
+
+/// `body` with compactor's latest compaction block expanded as Anthropic reads one: every
+/// message before the one holding it is dropped, the block becomes the messages it carries,
+/// and what followed it in its message stays; None when the body holds none.
+pub fn expand(
+    body: &[u8],
+    sealer: &Sealer,
+    tenant: &[u8; 32],
+) -> Result<Option<Bytes>, ProxyError> {
+    if memchr::memmem::find(body, PREFIX.as_bytes()).is_none() {
+        return Ok(None);
+    }
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(None);
+    };
+    let Some(Value::Array(messages)) = fields.remove("messages") else {
+        return Ok(None);
+    };
+    // The last of compactor's blocks decides: the ones before it are in what it carries.
+    let mut found = None;
+    for (m, message) in messages.iter().enumerate() {
+        let Some(blocks) = message.get("content").and_then(Value::as_array) else {
+            continue;
+        };
+        for (b, block) in blocks.iter().enumerate() {
+            if block.get("type").and_then(Value::as_str) != Some("compaction") {
+                continue;
+            }
+            let Some(sealed) = block.get("encrypted_content").and_then(Value::as_str) else {
+                continue;
+            };
+            if let Some(carried) = open(sealer, tenant, sealed)? {
+                found = Some((m, b, carried));
+            }
+        }
+    }
+    let Some((m, b, carried)) = found else {
+        return Ok(None);
+    };
+    let mut rebuilt: Vec<Value> = Vec::with_capacity(carried.items.len() + messages.len() - m);
+    for item in &carried.items {
+        let message =
+            serde_json::from_str(item.get()).map_err(|_| ProxyError::SealedItemRefused)?;
+        rebuilt.push(message);
+    }
+    let mut rest = messages.into_iter().skip(m);
+    if let Some(mut holding) = rest.next() {
+        let after: Vec<Value> = holding
+            .get_mut("content")
+            .and_then(Value::as_array_mut)
+            .map(|blocks| blocks.split_off(b + 1))
+            .unwrap_or_default();
+        if !after.is_empty() {
+            holding["content"] = Value::Array(after);
+            push_alternating(&mut rebuilt, holding);
+        }
+    }
+    for message in rest {
+        push_alternating(&mut rebuilt, message);
+    }
+    fields.insert("messages".into(), Value::Array(rebuilt));
+    Ok(Some(Bytes::from(Value::Object(fields).to_string())))
+}
+
+/// Appends `message`, merging it into the last one when both have the same role (the carried
+/// messages end with a user turn; the client's next may be one too), as Anthropic's own
+/// handling of consecutive turns does.
+fn push_alternating(messages: &mut Vec<Value>, message: Value) {
+    let same_role = messages
+        .last()
+        .and_then(|last| last.get("role"))
+        .is_some_and(|role| Some(role) == message.get("role"));
+    let Some(last) = messages.last_mut().filter(|_| same_role) else {
+        messages.push(message);
+        return;
+    };
+    let mut blocks = blocks_of(last.get("content"));
+    blocks.extend(blocks_of(message.get("content")));
+    last["content"] = Value::Array(blocks);
+}
+
+fn blocks_of(content: Option<&Value>) -> Vec<Value> {
+    match content {
+        Some(Value::String(text)) => vec![json!({"type": "text", "text": text})],
+        Some(Value::Array(blocks)) => blocks.clone(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Secret;
+
+    fn sealer() -> Sealer {
+        Sealer::new(&[Secret::new("a sealing key of 16+ bytes")]).unwrap()
+    }
+
+    fn block(sealer: &Sealer, carried: &[Value]) -> Value {
+        let items = carried
+            .iter()
+            .map(|m| RawValue::from_string(m.to_string()).unwrap())
+            .collect();
+        let carried = Carried {
+            summary: "S".into(),
+            items,
+        };
+        let sealed = seal(sealer, &[3; 32], &carried).unwrap();
+        json!({"type": "compaction", "content": "S", "encrypted_content": sealed})
+    }
+
+    fn expanded(sealer: &Sealer, messages: Value) -> Vec<Value> {
+        let body = json!({"model": "m", "max_tokens": 9, "messages": messages}).to_string();
+        let out = expand(body.as_bytes(), sealer, &[3; 32]).unwrap().unwrap();
+        messages_of(&out)
+    }
+
+    #[test]
+    fn what_came_before_the_block_is_dropped_and_the_block_becomes_what_it_carries() {
+        let sealer = sealer();
+        let carried = [
+            json!({"role": "user", "content": [{"type": "text", "text": format!("{SUMMARY_PREFIX}S")}]}),
+            json!({"role": "assistant", "content": "kept"}),
+            json!({"role": "user", "content": "task"}),
+        ];
+        let block = block(&sealer, &carried);
+        let messages = expanded(
+            &sealer,
+            json!([
+                {"role": "user", "content": "old"},
+                {"role": "assistant", "content": "old answer"},
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": [block, {"type": "text", "text": "answer"}]},
+                {"role": "user", "content": "go on"},
+            ]),
+        );
+        assert_eq!(messages.len(), 5);
+        assert_eq!(&messages[..3], &carried);
+        assert_eq!(
+            messages[3],
+            json!({"role": "assistant", "content": [{"type": "text", "text": "answer"}]})
+        );
+        assert_eq!(messages[4], json!({"role": "user", "content": "go on"}));
+    }
+
+    #[test]
+    fn after_a_paused_compaction_the_next_user_turn_joins_the_carried_one() {
+        let sealer = sealer();
+        let carried = [json!({"role": "user", "content": "task"})];
+        let block = block(&sealer, &carried);
+        let messages = expanded(
+            &sealer,
+            json!([
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": [block]},
+                {"role": "user", "content": "go on"},
+            ]),
+        );
+        assert_eq!(
+            messages,
+            [
+                json!({"role": "user", "content": [{"type": "text", "text": "task"}, {"type": "text", "text": "go on"}]})
+            ]
+        );
+    }
+
+    #[test]
+    fn a_compaction_edit_is_taken_out_with_its_field_when_alone() {
+        let mut fields = json!({"context_management": {"edits": [{"type": EDIT}]}})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert!(take_edit(&mut fields).is_some());
+        assert!(!fields.contains_key("context_management"));
+        let mut fields = json!({"context_management": {"edits": [{"type": "clear_thinking_20251015"}, {"type": EDIT}]}})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert!(take_edit(&mut fields).is_some());
+        assert_eq!(
+            fields["context_management"],
+            json!({"edits": [{"type": "clear_thinking_20251015"}]})
+        );
+    }
+}
