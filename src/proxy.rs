@@ -118,6 +118,7 @@ async fn proxy(
     };
     let sealer = current.generation.native.for_upstream(&upstream.name);
     let mut served = None;
+    let mut answer_block = None;
     let inbound = match sealer {
         Some(sealer) => {
             match serve_native(
@@ -127,8 +128,9 @@ async fn proxy(
             {
                 Native::Answered(response) => return Ok(response),
                 Native::Forward(inbound) => inbound,
-                Native::Compacted(body, outcome) => {
+                Native::Compacted(body, outcome, block) => {
                     served = Some(outcome);
+                    answer_block = block;
                     Inbound::Buffered(body)
                 }
             }
@@ -207,7 +209,56 @@ async fn proxy(
     if response.status().is_success() {
         log.calibration = calibration_sample(engine, compacted.as_ref(), log.model.as_deref());
     }
+    if let Some(block) = answer_block.filter(|_| response.status().is_success()) {
+        response = with_block_first(response, &block, upstream).await?;
+    }
     Ok(respond(response, compacted, log))
+}
+
+const MAX_SPLICED_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The upstream's answer to a request compacted on Anthropic's edit, with the compaction block
+/// first in its content: spliced into a stream as it passes, or into a whole message.
+async fn with_block_first(
+    response: Response<ProxyBody>,
+    block: &serde_json::Value,
+    upstream: &Upstream,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let streamed = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if streamed {
+        let body = native::messages::spliced_stream(body, block);
+        return Ok(Response::from_parts(parts, body));
+    }
+    // A message answer is small; the cap only keeps a broken upstream from growing it unbounded.
+    let broken = |reason: String| ProxyError::UpstreamUnreachable {
+        upstream: upstream.name.clone(),
+        reason,
+    };
+    let mut body = body;
+    let mut whole = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| broken(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if whole.len() + data.len() > MAX_SPLICED_MESSAGE_BYTES {
+                return Err(broken(
+                    "the answer is too large to add the compaction block to".into(),
+                ));
+            }
+            whole.extend_from_slice(&data);
+        }
+    }
+    let whole = whole.freeze();
+    let body = native::messages::splice_into_message(&whole, block).unwrap_or(whole);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    Ok(Response::from_parts(parts, body::full(body)))
 }
 
 /// What the native compaction contracts made of a request to an upstream they are served for.
@@ -216,8 +267,9 @@ enum Native {
     Answered(Response<ProxyBody>),
     /// To forward, with compactor's compaction items expanded.
     Forward(Inbound),
-    /// Compacted as the client's own edit asked: forwarded without compacting it again.
-    Compacted(Bytes, crate::compaction::Outcome),
+    /// Compacted as the client's own edit asked: forwarded without compacting it again; the
+    /// block, when the answer must carry one, goes first in it.
+    Compacted(Bytes, crate::compaction::Outcome, Option<serde_json::Value>),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -270,11 +322,15 @@ async fn serve_native(
                     .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                 Native::Forward(Inbound::Buffered(body))
             }
-            native::messages::Served::Compacted { body, outcome } => {
+            native::messages::Served::Compacted {
+                body,
+                outcome,
+                block,
+            } => {
                 parts
                     .headers
                     .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-                Native::Compacted(body, outcome)
+                Native::Compacted(body, outcome, Some(block))
             }
             native::messages::Served::Answer {
                 body,

@@ -3,19 +3,25 @@
 //! ignore it); over its trigger (`input_tokens`, 150 000 by default) the conversation is
 //! compacted by compactor's planner and summarizer. With `pause_after_compaction` the answer is
 //! Anthropic's: one `compaction` block and `stop_reason: "compaction"`, streamed when asked.
-//! Without it the compacted request goes on to the upstream, and its answer comes back
-//! untouched (no compaction block is added to a stream compactor did not write).
+//! Without it the compacted request goes on to the upstream, and its answer comes back with the
+//! same block first ([`BlockSplice`] for a stream, [`splice_into_message`] for a whole one).
 //!
 //! A compaction block compactor made carries, sealed in its `encrypted_content`, the messages
 //! the compacted request held (the summary and the kept tail). On later turns, as Anthropic
 //! does, everything before the block is dropped and the block becomes those messages again.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http::HeaderMap;
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, tenant, Carried};
+use crate::body::{BoxError, ProxyBody};
 use crate::compaction::engine::CompactionEngine;
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
@@ -34,8 +40,13 @@ pub enum Served {
     /// Forward this body (edit taken out, compactor's blocks expanded, maybe compacted), or the
     /// client's own bytes when None.
     Forward(Option<Bytes>),
-    /// Over the edit's trigger without a pause: compacted, to forward as it is.
-    Compacted { body: Bytes, outcome: Outcome },
+    /// Over the edit's trigger without a pause: compacted, to forward as it is; the upstream's
+    /// answer gets `block` as its first content block.
+    Compacted {
+        body: Bytes,
+        outcome: Outcome,
+        block: Value,
+    },
     /// `pause_after_compaction`: answered here.
     Answer {
         body: Bytes,
@@ -100,13 +111,31 @@ pub async fn serve(
         }
         _ => return Err(failed(outcome.reason)),
     }
+    let block = compaction_block(sealer, &tenant, &compacted.body)?;
     if !pause {
         return Ok(Served::Compacted {
             body: compacted.body,
             outcome,
+            block,
         });
     }
-    let messages = messages_of(&compacted.body);
+    let id = format!("msg_{}", hex_digest(&[body, &now().to_le_bytes()]));
+    let answer = paused_answer(&id, &model, block, &outcome, streamed);
+    Ok(Served::Answer {
+        body: answer,
+        streamed,
+        outcome,
+    })
+}
+
+/// The compaction block of a compacted request: the summary readable in `content`, the
+/// request's messages sealed in `encrypted_content`.
+fn compaction_block(
+    sealer: &Sealer,
+    tenant: &[u8; 32],
+    compacted: &[u8],
+) -> Result<Value, ProxyError> {
+    let messages = messages_of(compacted);
     let summary = summary_in(&messages).unwrap_or_default();
     let items = messages
         .iter()
@@ -117,15 +146,167 @@ pub async fn serve(
         summary: summary.clone(),
         items,
     };
-    let sealed = seal(sealer, &tenant, &carried)?;
-    let block = json!({"type": "compaction", "content": summary, "encrypted_content": sealed});
-    let id = format!("msg_{}", hex_digest(&[body, &now().to_le_bytes()]));
-    let answer = paused_answer(&id, &model, block, &outcome, streamed);
-    Ok(Served::Answer {
-        body: answer,
-        streamed,
-        outcome,
-    })
+    let sealed = seal(sealer, tenant, &carried)?;
+    Ok(json!({"type": "compaction", "content": summary, "encrypted_content": sealed}))
+}
+
+/// A non-streamed answer with `block` put first in its content; None when it is not a message.
+pub fn splice_into_message(body: &[u8], block: &Value) -> Option<Bytes> {
+    let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    let content = message.get_mut("content")?.as_array_mut()?;
+    content.insert(0, block.clone());
+    Some(Bytes::from(Value::Object(message).to_string()))
+}
+
+/// A streamed answer with the compaction block put first: its three events right after
+/// `message_start`, and every later content block's `index` one higher. Events are rewritten
+/// whole, as they complete; bytes that are not an event pass on as they came.
+pub struct BlockSplice {
+    block_events: Option<Bytes>,
+    pending: Vec<u8>,
+}
+
+impl BlockSplice {
+    pub fn new(block: &Value) -> BlockSplice {
+        let delta = json!({
+            "type": "compaction_delta",
+            "content": block["content"],
+            "encrypted_content": block["encrypted_content"],
+        });
+        let events = [
+            (
+                "content_block_start",
+                json!({"index": 0, "content_block": {"type": "compaction", "content": null}}),
+            ),
+            ("content_block_delta", json!({"index": 0, "delta": delta})),
+            ("content_block_stop", json!({"index": 0})),
+        ];
+        let mut text = String::new();
+        for (kind, mut data) in events {
+            data["type"] = json!(kind);
+            text.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
+        }
+        BlockSplice {
+            block_events: Some(Bytes::from(text)),
+            pending: Vec::new(),
+        }
+    }
+
+    /// The upstream's next bytes; what to send on now (empty while an event is incomplete).
+    pub fn feed(&mut self, bytes: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = event_end(&self.pending) {
+            let event: Vec<u8> = self.pending.drain(..end).collect();
+            self.rewrite(&event, &mut out);
+        }
+        Bytes::from(out)
+    }
+
+    /// What is left at the end of the stream, as it came.
+    pub fn finish(&mut self) -> Bytes {
+        Bytes::from(std::mem::take(&mut self.pending))
+    }
+
+    fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>) {
+        let text = String::from_utf8_lossy(event);
+        let mut kind = None;
+        let mut data = None;
+        for line in text.lines() {
+            if let Some(value) = line.strip_prefix("event:") {
+                kind = Some(value.trim().to_string());
+            } else if let Some(value) = line.strip_prefix("data:") {
+                data = Some(value.trim_start().to_string());
+            }
+        }
+        let shifted = match kind.as_deref() {
+            Some("content_block_start" | "content_block_delta" | "content_block_stop") => data
+                .and_then(|data| serde_json::from_str::<Value>(&data).ok())
+                .and_then(|mut value| {
+                    let index = value.get("index")?.as_u64()?;
+                    value["index"] = json!(index + 1);
+                    Some(value)
+                }),
+            _ => None,
+        };
+        match (shifted, kind) {
+            (Some(value), Some(kind)) => {
+                out.extend_from_slice(format!("event: {kind}\ndata: {value}\n\n").as_bytes())
+            }
+            (_, kind) => {
+                out.extend_from_slice(event);
+                if kind.as_deref() == Some("message_start") {
+                    if let Some(block) = self.block_events.take() {
+                        out.extend_from_slice(&block);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A streamed upstream answer passed through a [`BlockSplice`], frame by frame.
+pub fn spliced_stream(inner: ProxyBody, block: &Value) -> ProxyBody {
+    SplicedBody {
+        inner,
+        splice: BlockSplice::new(block),
+        finished: false,
+    }
+    .boxed_unsync()
+}
+
+struct SplicedBody {
+    inner: ProxyBody,
+    splice: BlockSplice,
+    finished: bool,
+}
+
+impl Body for SplicedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if self.finished {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = self.splice.feed(&data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => {
+                    self.finished = true;
+                    let rest = self.splice.finish();
+                    if !rest.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// Where the first complete event in `bytes` ends (after its blank line).
+fn event_end(bytes: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::find(bytes, b"\n\n").map(|at| at + 2);
+    let crlf = memchr::memmem::find(bytes, b"\r\n\r\n").map(|at| at + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Takes the `compact_20260112` edit out of `context_management` (and the field itself when
@@ -384,6 +565,85 @@ mod tests {
                 json!({"role": "user", "content": [{"type": "text", "text": "task"}, {"type": "text", "text": "go on"}]})
             ]
         );
+    }
+
+    const UPSTREAM: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\"}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: ping\ndata: {\"type\": \"ping\"}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi \\u00e9\"}}\n\n\
+event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+    fn events(text: &str) -> Vec<Value> {
+        text.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| serde_json::from_str(e.split("data: ").nth(1).unwrap()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_block_goes_first_in_a_stream_however_it_is_cut() {
+        let block =
+            json!({"type": "compaction", "content": "S", "encrypted_content": "compactor.v1.x"});
+        let mut whole = BlockSplice::new(&block);
+        let expected = String::from_utf8(whole.feed(UPSTREAM.as_bytes()).to_vec()).unwrap();
+        let got = events(&expected);
+        let kinds: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "ping",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(got[1]["content_block"]["type"], "compaction");
+        assert_eq!(got[2]["delta"]["encrypted_content"], "compactor.v1.x");
+        assert_eq!(
+            [
+                got[4]["index"].clone(),
+                got[6]["index"].clone(),
+                got[7]["index"].clone()
+            ],
+            [json!(1), json!(1), json!(1)]
+        );
+        assert_eq!(got[6]["delta"]["text"], "hi é");
+        // Events that are not content blocks keep their bytes.
+        assert!(expected.contains("event: ping\ndata: {\"type\": \"ping\"}\n\n"));
+        for cut in 1..UPSTREAM.len() {
+            let mut splice = BlockSplice::new(&block);
+            let mut out = splice.feed(&UPSTREAM.as_bytes()[..cut]).to_vec();
+            out.extend_from_slice(&splice.feed(&UPSTREAM.as_bytes()[cut..]));
+            out.extend_from_slice(&splice.finish());
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "cut at {cut}");
+        }
+        // A stream that ends mid-event hands the rest on as it came.
+        let mut splice = BlockSplice::new(&block);
+        let mut out = splice.feed(b"event: message_stop\ndata: {").to_vec();
+        out.extend_from_slice(&splice.finish());
+        assert_eq!(out, b"event: message_stop\ndata: {");
+    }
+
+    #[test]
+    fn the_block_goes_first_in_a_whole_message() {
+        let block = json!({"type": "compaction", "content": "S"});
+        let out = splice_into_message(
+            br#"{"id":"m","content":[{"type":"text","text":"a"}],"stop_reason":"end_turn"}"#,
+            &block,
+        )
+        .unwrap();
+        let message: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(message["content"][0], block);
+        assert_eq!(message["content"][1]["text"], "a");
+        assert!(splice_into_message(b"not json", &block).is_none());
     }
 
     #[test]

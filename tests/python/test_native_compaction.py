@@ -270,16 +270,38 @@ def test_a_paused_compaction_is_answered_in_anthropics_shape_streamed_or_not(pro
     assert answer.stop_reason == "end_turn"
 
 
-def test_without_pause_the_compacted_request_goes_on_and_under_the_trigger_the_edit_is_dropped(proxy):
-    def create(tag, trigger):
-        return claude(proxy).beta.messages.with_raw_response.create(
-            model=CLAUDE, max_tokens=100, tools=TOOLS, messages=claude_run(tag), betas=BETAS,
-            context_management=edit(False, trigger),
-        )
+def test_without_pause_the_upstreams_answer_comes_with_the_block_first_streamed_or_not(proxy):
+    run = claude_run("unpaused")
+    raw = claude(proxy).beta.messages.with_raw_response.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(False)
+    )
+    assert raw.headers["x-compactor-compaction"] in ("summarized", "reused")
+    body = raw.http_response.json()
+    BetaMessage.model_validate(body, strict=True)
+    assert [block["type"] for block in body["content"]] == ["compaction", "text"]
+    assert body["stop_reason"] == "end_turn"
 
-    over = create("over", 200)
-    assert over.headers["x-compactor-compaction"] in ("summarized", "reused")
-    assert over.parse().stop_reason == "end_turn"
-    # Under the edit's trigger the upstream, which refuses the edit, still answers: it was taken
-    # out (compactor's own triggers then apply as to any request).
-    assert create("under", 10**6).parse().stop_reason == "end_turn"
+    with claude(proxy).beta.messages.stream(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(False)
+    ) as stream:
+        final = stream.get_final_message()
+    assert [block.type for block in final.content] == ["compaction", "text"]
+    assert final.content[1].text == body["content"][1]["text"]
+
+    # The answer, block included, goes back as the assistant turn.
+    turn = [block.model_dump(exclude_none=True) for block in final.content]
+    next_turn = run + [{"role": "assistant", "content": turn}, {"role": "user", "content": "go on"}]
+    answer = claude(proxy).beta.messages.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=next_turn, betas=BETAS, context_management=edit(False, 10**6)
+    )
+    assert answer.content  # the upstream, which refuses the block, accepted what it carries
+
+
+def test_under_the_trigger_the_edit_is_taken_out_and_the_request_goes_on(proxy):
+    # The upstream refuses the edit: its answer shows it was taken out (compactor's own
+    # triggers then apply as to any request).
+    answer = claude(proxy).beta.messages.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=claude_run("under"), betas=BETAS,
+        context_management=edit(False, 10**6),
+    )
+    assert answer.stop_reason == "end_turn"
