@@ -212,30 +212,38 @@ impl BlockSplice {
 
     fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>) {
         let text = String::from_utf8_lossy(event);
-        let mut kind = None;
-        let mut data = None;
+        let mut named = None;
+        let mut data_lines = Vec::new();
         for line in text.lines() {
             if let Some(value) = line.strip_prefix("event:") {
-                kind = Some(value.trim().to_string());
+                named = Some(value.trim().to_string());
             } else if let Some(value) = line.strip_prefix("data:") {
-                data = Some(value.trim_start().to_string());
+                data_lines.push(value.strip_prefix(' ').unwrap_or(value));
             }
         }
-        let shifted = match kind.as_deref() {
-            Some("content_block_start" | "content_block_delta" | "content_block_stop") => data
-                .and_then(|data| serde_json::from_str::<Value>(&data).ok())
-                .and_then(|mut value| {
-                    let index = value.get("index")?.as_u64()?;
-                    value["index"] = json!(index + 1);
-                    Some(value)
-                }),
-            _ => None,
-        };
-        match (shifted, kind) {
-            (Some(value), Some(kind)) => {
-                out.extend_from_slice(format!("event: {kind}\ndata: {value}\n\n").as_bytes())
+        let data = serde_json::from_str::<Value>(&data_lines.join("\n")).ok();
+        // A server that names events only inside the data is read the same way.
+        let kind = named.clone().or_else(|| {
+            let kind = data.as_ref()?.get("type")?.as_str()?;
+            Some(kind.to_string())
+        });
+        let is_block = matches!(
+            kind.as_deref(),
+            Some("content_block_start" | "content_block_delta" | "content_block_stop")
+        );
+        let shifted = data.filter(|_| is_block).and_then(|mut value| {
+            let index = value.get("index")?.as_u64()?;
+            value["index"] = json!(index + 1);
+            Some(value)
+        });
+        match shifted {
+            Some(value) => {
+                if let Some(name) = &named {
+                    out.extend_from_slice(format!("event: {name}\n").as_bytes());
+                }
+                out.extend_from_slice(format!("data: {value}\n\n").as_bytes());
             }
-            (_, kind) => {
+            None => {
                 out.extend_from_slice(event);
                 if kind.as_deref() == Some("message_start") {
                     if let Some(block) = self.block_events.take() {
@@ -625,6 +633,12 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             out.extend_from_slice(&splice.finish());
             assert_eq!(String::from_utf8(out).unwrap(), expected, "cut at {cut}");
         }
+        // Events named only in their data are shifted too.
+        let unnamed = "data: {\"type\":\"message_start\",\"message\":{}}\n\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n";
+        let out = BlockSplice::new(&block).feed(unnamed.as_bytes());
+        let got = events(std::str::from_utf8(&out).unwrap());
+        assert_eq!(got.len(), 5);
+        assert_eq!(got[4], json!({"type": "content_block_stop", "index": 1}));
         // A stream that ends mid-event hands the rest on as it came.
         let mut splice = BlockSplice::new(&block);
         let mut out = splice.feed(b"event: message_stop\ndata: {").to_vec();
