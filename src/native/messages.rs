@@ -14,18 +14,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, tenant, Carried};
+use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried};
 use crate::body::{BoxError, ProxyBody};
-use crate::compaction::engine::CompactionEngine;
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
-use crate::compaction::scope::Caller;
 use crate::compaction::{Outcome, OutcomeKind};
 use crate::error::ProxyError;
 use crate::sealing::{Sealer, PREFIX};
@@ -55,16 +52,9 @@ pub enum Served {
     },
 }
 
-pub async fn serve(
-    engine: &CompactionEngine,
-    sealer: &Sealer,
-    upstream: &str,
-    caller: Caller<'_>,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Served, ProxyError> {
-    let tenant = tenant(caller, headers);
-    let expanded = expand(body, sealer, &tenant)?;
+pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
+    let tenant = ask.tenant();
+    let expanded = expand(body, ask.sealer, &tenant)?;
     let current = expanded.as_deref().unwrap_or(body);
     if memchr::memmem::find(current, EDIT.as_bytes()).is_none() {
         return Ok(Served::Forward(expanded));
@@ -88,21 +78,14 @@ pub async fn serve(
         .unwrap_or_default()
         .to_string();
     let stripped = Bytes::from(Value::Object(fields).to_string());
-    let under = engine
+    let under = ask
+        .engine
         .count(Api::Messages, &stripped)
         .is_none_or(|tokens| tokens < trigger);
     if under {
         return Ok(Served::Forward(Some(stripped)));
     }
-    let compacted = super::compacted(
-        engine,
-        upstream,
-        caller,
-        headers,
-        stripped.clone(),
-        Api::Messages,
-    )
-    .await?;
+    let compacted = super::compacted(ask, stripped.clone(), Api::Messages).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {}
@@ -111,7 +94,7 @@ pub async fn serve(
         }
         _ => return Err(failed(outcome.reason)),
     }
-    let block = compaction_block(sealer, &tenant, &compacted.body)?;
+    let block = compaction_block(ask.sealer, &tenant, &compacted.body)?;
     if !pause {
         return Ok(Served::Compacted {
             body: compacted.body,
@@ -335,13 +318,7 @@ fn take_edit(fields: &mut Map<String, Value>) -> Option<Value> {
 }
 
 fn messages_of(body: &[u8]) -> Vec<Value> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(mut fields)) => match fields.remove("messages") {
-            Some(Value::Array(messages)) => messages,
-            _ => Vec::new(),
-        },
-        _ => Vec::new(),
-    }
+    super::array_field(body, "messages")
 }
 
 /// The summary's text in a compacted request: the text block the planner framed.

@@ -58,9 +58,22 @@ impl NativeCompaction {
     }
 }
 
-/// The tenant sealed items are bound to: the one its summaries are scoped to.
-pub fn tenant(caller: Caller<'_>, headers: &HeaderMap) -> [u8; 32] {
-    Credentials::of(caller, headers).tenant()
+/// What serving a contract needs besides the body: the engine and sealer, the upstream the
+/// request is routed to, who sent it and its headers.
+#[derive(Clone, Copy)]
+pub struct Ask<'a> {
+    pub engine: &'a CompactionEngine,
+    pub sealer: &'a Sealer,
+    pub upstream: &'a str,
+    pub caller: Caller<'a>,
+    pub headers: &'a HeaderMap,
+}
+
+impl Ask<'_> {
+    /// The tenant sealed items are bound to: the one its summaries are scoped to.
+    pub fn tenant(&self) -> [u8; 32] {
+        Credentials::of(self.caller, self.headers).tenant()
+    }
 }
 
 /// `body` (a Responses or compact body) with compactor's own compaction items replaced by what
@@ -131,15 +144,9 @@ struct Compaction {
 
 /// Compacts `body` (model, instructions, input) as if `x-compactor: force` were sent, with
 /// the planner, summarizer, cache and budget every request uses.
-async fn compact_forced(
-    engine: &CompactionEngine,
-    upstream: &str,
-    caller: Caller<'_>,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Compaction, ProxyError> {
+async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyError> {
     let original = input_items(&body);
-    let compacted = compacted(engine, upstream, caller, headers, body, Api::Responses).await?;
+    let compacted = compacted(ask, body, Api::Responses).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {
@@ -179,22 +186,15 @@ async fn compact_forced(
 }
 
 /// `body` compacted as if `x-compactor: force` were sent: the client asked for it.
-async fn compacted(
-    engine: &CompactionEngine,
-    upstream: &str,
-    caller: Caller<'_>,
-    headers: &HeaderMap,
-    body: Bytes,
-    api: Api,
-) -> Result<Compacted, ProxyError> {
-    let mut forced = headers.clone();
+async fn compacted(ask: &Ask<'_>, body: Bytes, api: Api) -> Result<Compacted, ProxyError> {
+    let mut forced = ask.headers.clone();
     forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
     let caller = Caller {
         may_force: true,
-        ..caller
+        ..ask.caller
     };
-    engine
-        .compact(&forced, body, upstream, caller, api)
+    ask.engine
+        .compact(&forced, body, ask.upstream, caller, api)
         .await
         .map_err(|refused| failed(refused.outcome.reason))
 }
@@ -208,19 +208,12 @@ fn is_instruction(item: &Value) -> bool {
 
 /// Answers `POST /responses/compact`: OpenAI's `response.compaction` object, whose output is
 /// the new history: the head, one compaction item in the summary's place, the kept tail.
-pub async fn compact(
-    engine: &CompactionEngine,
-    sealer: &Sealer,
-    upstream: &str,
-    caller: Caller<'_>,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<(Bytes, Outcome), ProxyError> {
-    let tenant = tenant(caller, headers);
+pub async fn compact(ask: &Ask<'_>, body: &[u8]) -> Result<(Bytes, Outcome), ProxyError> {
+    let tenant = ask.tenant();
     let request = CompactRequest::read(body)?;
-    let expanded = expand(&request.body, sealer, &tenant)?.unwrap_or(request.body.clone());
-    let compaction = compact_forced(engine, upstream, caller, headers, expanded).await?;
-    let item = compaction_item(sealer, &tenant, &compaction.summary, Vec::new())?;
+    let expanded = expand(&request.body, ask.sealer, &tenant)?.unwrap_or(request.body.clone());
+    let compaction = compact_forced(ask, expanded).await?;
+    let item = compaction_item(ask.sealer, &tenant, &compaction.summary, Vec::new())?;
     let mut output = compaction.head;
     if compaction.summary.is_empty() {
         // Nothing was worth a summary: the items as they came, and the one item the contract
@@ -265,14 +258,10 @@ pub fn ends_with_trigger(body: &[u8]) -> bool {
 /// keeps its own instructions and user turns; the item carries the summary and the kept tail,
 /// and expands into both.
 pub async fn compact_on_trigger(
-    engine: &CompactionEngine,
-    sealer: &Sealer,
-    upstream: &str,
-    caller: Caller<'_>,
-    headers: &HeaderMap,
+    ask: &Ask<'_>,
     body: &[u8],
 ) -> Result<(Bytes, bool, Outcome), ProxyError> {
-    let tenant = tenant(caller, headers);
+    let tenant = ask.tenant();
     let bad = |why: &str| ProxyError::BadRequest(why.to_string());
     let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
         return Err(bad("the body must be a JSON object"));
@@ -295,7 +284,7 @@ pub async fn compact_on_trigger(
     }
     planned.insert("input".into(), Value::Array(input));
     let planned = Bytes::from(Value::Object(planned).to_string());
-    let compaction = compact_forced(engine, upstream, caller, headers, planned).await?;
+    let compaction = compact_forced(ask, planned).await?;
     // The client keeps its instructions and user turns itself (Codex puts them before the
     // item): the item carries the rest of the tail, so nothing reaches the upstream twice.
     let tail = compaction
@@ -307,7 +296,7 @@ pub async fn compact_on_trigger(
         .map(|item| RawValue::from_string(item.to_string()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
-    let item = compaction_item(sealer, &tenant, &compaction.summary, tail)?;
+    let item = compaction_item(ask.sealer, &tenant, &compaction.summary, tail)?;
     let created_at = now();
     let id = format!("resp_{}", hex_digest(&[body, &created_at.to_le_bytes()]));
     let usage = usage(&compaction.outcome);
@@ -416,8 +405,13 @@ impl CompactRequest {
 }
 
 fn input_items(body: &[u8]) -> Vec<Value> {
+    array_field(body, "input")
+}
+
+/// The array `key` of a JSON object body; empty when there is none.
+fn array_field(body: &[u8], key: &str) -> Vec<Value> {
     match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(mut fields)) => match fields.remove("input") {
+        Ok(Value::Object(mut fields)) => match fields.remove(key) {
             Some(Value::Array(items)) => items,
             _ => Vec::new(),
         },

@@ -63,9 +63,9 @@ def workspace(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def agent_upstream(workspace):
-    process = Process(
+def agent_mock(workspace, *extra):
+    """The mock upstream in agent mode: it plays the model through STEPS tool steps."""
+    return Process(
         [
             str(BIN_DIR / "mock-upstream"),
             "--listen",
@@ -76,8 +76,14 @@ def agent_upstream(workspace):
             str(STEPS),
             "--agent-files",
             str(workspace / "notes"),
+            *extra,
         ]
     )
+
+
+@pytest.fixture(scope="module")
+def agent_upstream(workspace):
+    process = agent_mock(workspace)
     yield process
     process.stop()
 
@@ -192,20 +198,7 @@ def test_codex_with_its_built_in_provider_is_compacted_on_later_steps(gateway, a
 def plain_agent_upstream(workspace):
     """The agent mock as a Responses server without OpenAI's compaction contract (vLLM, SGLang):
     it refuses a `compaction` item and answers a `compaction_trigger` as an ordinary turn."""
-    process = Process(
-        [
-            str(BIN_DIR / "mock-upstream"),
-            "--listen",
-            "127.0.0.1:0",
-            "--mode",
-            "agent",
-            "--agent-steps",
-            str(STEPS),
-            "--agent-files",
-            str(workspace / "notes"),
-            "--without-native-compaction",
-        ]
-    )
+    process = agent_mock(workspace, "--without-native-compaction")
     yield process
     process.stop()
 

@@ -13,6 +13,7 @@ import pytest
 from openai.types.responses import Response, ResponseCompactionItem, ResponseUsage
 
 from conftest import BIN_DIR, Process, start_compactor
+from test_messages import TOOLS, agent_run
 
 MODEL = "gpt-4.1"
 KEY = "a sealing key, 16 bytes or more"
@@ -220,29 +221,12 @@ def claude(process):
     return anthropic.Anthropic(base_url=process.url, api_key="sk-ant-test", max_retries=0, timeout=20)
 
 
-def claude_run(tag, turns=5):
-    messages = [{"role": "user", "content": f"{tag}: fix the bug"}]
-    for i in range(turns):
-        tool_id = f"toolu_{tag}_{i}"
-        messages.append({"role": "assistant", "content": [
-            {"type": "text", "text": "Reading."},
-            {"type": "tool_use", "id": tool_id, "name": "Read", "input": {"file_path": f"src/{i}.rs"}},
-        ]})
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": tool_id, "content": "fn main() {} " * 20},
-        ]})
-    return messages
-
-
-TOOLS = [{"name": "Read", "description": "read a file", "input_schema": {"type": "object"}}]
-
-
-def edit(pause, trigger=200):
+def edit(pause, trigger=100):
     return {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": trigger}, "pause_after_compaction": pause}]}
 
 
 def test_a_paused_compaction_is_answered_in_anthropics_shape_streamed_or_not(proxy):
-    run = claude_run("paused")
+    run = agent_run(5)
     raw = claude(proxy).beta.messages.with_raw_response.create(
         model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(True)
     )
@@ -271,7 +255,7 @@ def test_a_paused_compaction_is_answered_in_anthropics_shape_streamed_or_not(pro
 
 
 def test_without_pause_the_upstreams_answer_comes_with_the_block_first_streamed_or_not(proxy):
-    run = claude_run("unpaused")
+    run = agent_run(5)
     raw = claude(proxy).beta.messages.with_raw_response.create(
         model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(False)
     )
@@ -301,7 +285,7 @@ def test_under_the_trigger_the_edit_is_taken_out_and_the_request_goes_on(proxy):
     # The upstream refuses the edit: its answer shows it was taken out (compactor's own
     # triggers then apply as to any request).
     answer = claude(proxy).beta.messages.create(
-        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=claude_run("under"), betas=BETAS,
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=agent_run(5), betas=BETAS,
         context_management=edit(False, 10**6),
     )
     assert answer.stop_reason == "end_turn"
