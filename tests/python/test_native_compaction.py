@@ -27,7 +27,8 @@ def plain_upstream():
     process.stop()
 
 
-def serving(upstream, summarizer_url, keys):
+def serving(upstream, summarizer_url, keys, mode=None):
+    """compactor in front of `upstream` with sealing `keys`; `mode` sets its native_compaction."""
     summarization = textwrap.dedent(
         f"""\
         summarization:
@@ -42,6 +43,8 @@ def serving(upstream, summarizer_url, keys):
         """
     )
     extra = f"  - name: summarizer\n    base_url: {summarizer_url}/v1\n    models: [\"summarizer-*\"]\n"
+    if mode:
+        extra = f"    native_compaction: {mode}\n" + extra
     return start_compactor(upstream.url, summarization=summarization, extra=extra)
 
 
@@ -158,21 +161,7 @@ def test_a_failed_summary_is_an_error_in_openais_shape_never_a_fake_compaction(p
 
 
 def test_compact_is_passed_to_an_upstream_marked_pass(plain_upstream, summarizer):
-    summarization = textwrap.dedent(
-        f"""\
-        summarization:
-          enabled: true
-          upstream: summarizer
-          model_name: summarizer-model
-        sealing:
-          keys: [{KEY!r}]
-        """
-    )
-    extra = (
-        "    native_compaction: pass\n"
-        f"  - name: summarizer\n    base_url: {summarizer.url}/v1\n    models: [\"summarizer-*\"]\n"
-    )
-    process = start_compactor(plain_upstream.url, summarization=summarization, extra=extra)
+    process = serving(plain_upstream, summarizer.url, [KEY], mode="pass")
     try:
         with pytest.raises(openai.NotFoundError):
             client(process).responses.compact(model=MODEL, input=history("pass"))
