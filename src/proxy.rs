@@ -178,6 +178,10 @@ async fn proxy(
         }
     };
     let mut headers = parts.headers;
+    if answer_block.is_some() {
+        // The answer gets a block added: it must come back as plain text to be read.
+        headers.remove(header::ACCEPT_ENCODING);
+    }
     if key.is_some() {
         // The client's credential is a compactor key: it never leaves compactor.
         for name in CREDENTIALS {
@@ -240,6 +244,14 @@ async fn with_block_first(
     block: &serde_json::Value,
     upstream: &Upstream,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let encoded = response
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity");
+    if encoded {
+        // Asked for plain and answered compressed anyway: passed on as it came.
+        return Ok(response);
+    }
     let streamed = response
         .headers()
         .get(header::CONTENT_TYPE)
