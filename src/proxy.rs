@@ -118,7 +118,7 @@ async fn proxy(
     };
     let sealer = current.generation.native.for_upstream(&upstream.name);
     let mut served = None;
-    let mut answer_block = None;
+    let mut add_to_answer = None;
     let inbound = match sealer {
         Some(sealer) => {
             match serve_native(
@@ -146,7 +146,7 @@ async fn proxy(
                         .headers
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                     served = Some(outcome);
-                    answer_block = Some(block);
+                    add_to_answer = Some(block);
                     Inbound::Buffered(body)
                 }
             }
@@ -178,8 +178,8 @@ async fn proxy(
         }
     };
     let mut headers = parts.headers;
-    if answer_block.is_some() {
-        // The answer gets a block added: it must come back as plain text to be read.
+    if add_to_answer.is_some() {
+        // The answer gets a compaction added: it must come back as plain text to be read.
         headers.remove(header::ACCEPT_ENCODING);
     }
     if key.is_some() {
@@ -229,19 +229,19 @@ async fn proxy(
     if response.status().is_success() {
         log.calibration = calibration_sample(engine, compacted.as_ref(), log.model.as_deref());
     }
-    if let Some(block) = answer_block.filter(|_| response.status().is_success()) {
-        response = with_block_first(response, &block, upstream).await?;
+    if let Some(add) = add_to_answer.filter(|_| response.status().is_success()) {
+        response = with_compaction_first(response, &add, upstream).await?;
     }
     Ok(respond(response, compacted, log))
 }
 
 const MAX_SPLICED_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
-/// The upstream's answer to a request compacted on Anthropic's edit, with the compaction block
-/// first in its content: spliced into a stream as it passes, or into a whole message.
-async fn with_block_first(
+/// The upstream's answer to a request compacted on a served contract's terms, with the
+/// compaction first in it: spliced into a stream as it passes, or into a whole answer.
+async fn with_compaction_first(
     response: Response<ProxyBody>,
-    block: &serde_json::Value,
+    add: &AddToAnswer,
     upstream: &Upstream,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let encoded = response
@@ -260,7 +260,10 @@ async fn with_block_first(
     let (mut parts, body) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     if streamed {
-        let body = native::messages::spliced_stream(body, block);
+        let body = match add {
+            AddToAnswer::MessagesBlock(block) => native::messages::spliced_stream(body, block),
+            AddToAnswer::ResponsesItem(item) => native::managed::spliced_stream(body, item),
+        };
         return Ok(Response::from_parts(parts, body));
     }
     // A message answer is small; the cap only keeps a broken upstream from growing it unbounded.
@@ -282,7 +285,11 @@ async fn with_block_first(
         }
     }
     let whole = whole.freeze();
-    let body = native::messages::splice_into_message(&whole, block).unwrap_or(whole);
+    let spliced = match add {
+        AddToAnswer::MessagesBlock(block) => native::messages::splice_into_message(&whole, block),
+        AddToAnswer::ResponsesItem(item) => native::managed::splice_into_response(&whole, item),
+    };
+    let body = spliced.unwrap_or(whole);
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
@@ -298,8 +305,16 @@ enum Native {
     /// To forward rewritten: compactor's compaction items expanded, a served edit taken out.
     Rewritten(Bytes),
     /// Compacted as the client's own edit asked: forwarded without compacting it again; the
-    /// compaction block goes first in the answer.
-    Compacted(Bytes, crate::compaction::Outcome, serde_json::Value),
+    /// compaction goes first in the answer.
+    Compacted(Bytes, crate::compaction::Outcome, AddToAnswer),
+}
+
+/// The compaction a served contract puts first in the upstream's answer.
+enum AddToAnswer {
+    /// Anthropic's: a `compaction` content block.
+    MessagesBlock(serde_json::Value),
+    /// OpenAI's: a `compaction` output item.
+    ResponsesItem(serde_json::Value),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -337,7 +352,7 @@ async fn serve_native(
                 body,
                 outcome,
                 block,
-            } => Native::Compacted(body, outcome, block),
+            } => Native::Compacted(body, outcome, AddToAnswer::MessagesBlock(block)),
             native::messages::Served::Answer {
                 body,
                 streamed,
@@ -352,9 +367,17 @@ async fn serve_native(
     let expanded = native::expand(bytes, sealer, &ask.tenant())?;
     let current = expanded.as_ref().unwrap_or(bytes);
     if !native::ends_with_trigger(current) {
-        return Ok(match expanded {
-            Some(expanded) => Native::Rewritten(expanded),
-            None => Native::Forward(inbound),
+        return Ok(match native::managed::serve(&ask, current).await? {
+            native::managed::Managed::Untouched => match expanded {
+                Some(expanded) => Native::Rewritten(expanded),
+                None => Native::Forward(inbound),
+            },
+            native::managed::Managed::Stripped(body) => Native::Rewritten(body),
+            native::managed::Managed::Compacted {
+                body,
+                outcome,
+                item,
+            } => Native::Compacted(body, outcome, AddToAnswer::ResponsesItem(item)),
         });
     }
     let (answer, streamed, outcome) = native::compact_on_trigger(&ask, current).await?;

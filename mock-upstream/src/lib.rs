@@ -516,6 +516,12 @@ async fn serve_request(
                 if options.native_compaction {
                     return Ok(());
                 }
+                if request.get("context_management").is_some() {
+                    return Err((
+                        "Unknown parameter: 'context_management'.".to_string(),
+                        "context_management".to_string(),
+                    ));
+                }
                 compaction_item_at(&request).map_or(Ok(()), |i| {
                     Err((
                         format!("Invalid value: 'compaction'. This server does not support the input item type 'compaction' (input[{i}])."),

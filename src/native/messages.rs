@@ -10,17 +10,13 @@
 //! the compacted request held (the summary and the kept tail). On later turns, as Anthropic
 //! does, everything before the block is dropped and the block becomes those messages again.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
-use http_body::{Body, Frame};
-use http_body_util::BodyExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use super::splice::{kind_of, read_event, spliced, write_event, Splice};
 use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried};
-use crate::body::{BoxError, ProxyBody};
+use crate::body::ProxyBody;
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::{Outcome, OutcomeKind};
@@ -128,6 +124,7 @@ fn compaction_block(
     let carried = Carried {
         summary: summary.clone(),
         items,
+        replaces: false,
     };
     let sealed = seal(sealer, tenant, &carried)?;
     Ok(json!({"type": "compaction", "content": summary, "encrypted_content": sealed}))
@@ -144,11 +141,9 @@ pub fn splice_into_message(body: &[u8], block: &Value) -> Option<Bytes> {
 }
 
 /// A streamed answer with the compaction block put first: its three events right after
-/// `message_start`, and every later content block's `index` one higher. Events are rewritten
-/// whole, as they complete; bytes that are not an event pass on as they came.
+/// `message_start`, and every later content block's `index` one higher.
 pub struct BlockSplice {
-    block_events: Option<Bytes>,
-    pending: Vec<u8>,
+    block_events: Option<Vec<u8>>,
 }
 
 impl BlockSplice {
@@ -166,69 +161,40 @@ impl BlockSplice {
             ("content_block_delta", json!({"index": 0, "delta": delta})),
             ("content_block_stop", json!({"index": 0})),
         ];
-        let mut text = String::new();
+        let mut text = Vec::new();
         for (kind, mut data) in events {
             data["type"] = json!(kind);
-            text.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
+            write_event(&mut text, Some(kind), &data);
         }
         BlockSplice {
-            block_events: Some(Bytes::from(text)),
-            pending: Vec::new(),
+            block_events: Some(text),
         }
     }
+}
 
-    /// The upstream's next bytes; what to send on now (empty while an event is incomplete).
-    pub fn feed(&mut self, bytes: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        while let Some(end) = event_end(&self.pending) {
-            let event: Vec<u8> = self.pending.drain(..end).collect();
-            self.rewrite(&event, &mut out);
-        }
-        Bytes::from(out)
-    }
-
-    /// What is left at the end of the stream, as it came.
-    pub fn finish(&mut self) -> Bytes {
-        Bytes::from(std::mem::take(&mut self.pending))
-    }
-
+impl Splice for BlockSplice {
     fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>) {
-        let text = String::from_utf8_lossy(event);
-        let mut named = None;
-        let mut data_lines = Vec::new();
-        for line in text.lines() {
-            if let Some(value) = line.strip_prefix("event:") {
-                named = Some(value.trim().to_string());
-            } else if let Some(value) = line.strip_prefix("data:") {
-                data_lines.push(value.strip_prefix(' ').unwrap_or(value));
-            }
-        }
-        let data = serde_json::from_str::<Value>(&data_lines.join("\n")).ok();
-        // A server that names events only inside the data is read the same way.
-        let kind = named.clone().or_else(|| {
-            let kind = data.as_ref()?.get("type")?.as_str()?;
-            Some(kind.to_string())
-        });
+        let Some((named, mut data)) = read_event(event) else {
+            out.extend_from_slice(event);
+            return;
+        };
+        let kind = kind_of(&named, &data);
         let is_block = matches!(
-            kind.as_deref(),
-            Some("content_block_start" | "content_block_delta" | "content_block_stop")
+            kind.as_str(),
+            "content_block_start" | "content_block_delta" | "content_block_stop"
         );
-        let shifted = data.filter(|_| is_block).and_then(|mut value| {
-            let index = value.get("index")?.as_u64()?;
-            value["index"] = json!(index + 1);
-            Some(value)
-        });
-        match shifted {
-            Some(value) => {
-                if let Some(name) = &named {
-                    out.extend_from_slice(format!("event: {name}\n").as_bytes());
-                }
-                out.extend_from_slice(format!("data: {value}\n\n").as_bytes());
+        match data
+            .get("index")
+            .and_then(Value::as_u64)
+            .filter(|_| is_block)
+        {
+            Some(index) => {
+                data["index"] = json!(index + 1);
+                write_event(out, named.as_deref(), &data);
             }
             None => {
                 out.extend_from_slice(event);
-                if kind.as_deref() == Some("message_start") {
+                if kind == "message_start" {
                     if let Some(block) = self.block_events.take() {
                         out.extend_from_slice(&block);
                     }
@@ -238,66 +204,9 @@ impl BlockSplice {
     }
 }
 
-/// A streamed upstream answer passed through a [`BlockSplice`], frame by frame.
+/// A streamed upstream answer with the block spliced in.
 pub fn spliced_stream(inner: ProxyBody, block: &Value) -> ProxyBody {
-    SplicedBody {
-        inner,
-        splice: BlockSplice::new(block),
-        finished: false,
-    }
-    .boxed_unsync()
-}
-
-struct SplicedBody {
-    inner: ProxyBody,
-    splice: BlockSplice,
-    finished: bool,
-}
-
-impl Body for SplicedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        loop {
-            if self.finished {
-                return Poll::Ready(None);
-            }
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = self.splice.feed(&data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => {
-                    self.finished = true;
-                    let rest = self.splice.finish();
-                    if !rest.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(rest))));
-                    }
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
-}
-
-/// Where the first complete event in `bytes` ends (after its blank line).
-fn event_end(bytes: &[u8]) -> Option<usize> {
-    let lf = memchr::memmem::find(bytes, b"\n\n").map(|at| at + 2);
-    let crlf = memchr::memmem::find(bytes, b"\r\n\r\n").map(|at| at + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    spliced(inner, BlockSplice::new(block))
 }
 
 /// Takes the `compact_20260112` edit out of `context_management` (and the field itself when
@@ -479,6 +388,7 @@ fn blocks_of(content: Option<&Value>) -> Vec<Value> {
 mod tests {
     use super::*;
     use crate::config::Secret;
+    use crate::native::splice::Events;
 
     fn sealer() -> Sealer {
         Sealer::new(&[Secret::new("a sealing key of 16+ bytes")]).unwrap()
@@ -492,6 +402,7 @@ mod tests {
         let carried = Carried {
             summary: "S".into(),
             items,
+            replaces: false,
         };
         let sealed = seal(sealer, &[3; 32], &carried).unwrap();
         json!({"type": "compaction", "content": "S", "encrypted_content": sealed})
@@ -571,7 +482,7 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     fn the_block_goes_first_in_a_stream_however_it_is_cut() {
         let block =
             json!({"type": "compaction", "content": "S", "encrypted_content": "compactor.v1.x"});
-        let mut whole = BlockSplice::new(&block);
+        let mut whole = Events::new(BlockSplice::new(&block));
         let expected = String::from_utf8(whole.feed(UPSTREAM.as_bytes()).to_vec()).unwrap();
         let got = events(&expected);
         let kinds: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
@@ -604,7 +515,7 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         // Events that are not content blocks keep their bytes.
         assert!(expected.contains("event: ping\ndata: {\"type\": \"ping\"}\n\n"));
         for cut in 1..UPSTREAM.len() {
-            let mut splice = BlockSplice::new(&block);
+            let mut splice = Events::new(BlockSplice::new(&block));
             let mut out = splice.feed(&UPSTREAM.as_bytes()[..cut]).to_vec();
             out.extend_from_slice(&splice.feed(&UPSTREAM.as_bytes()[cut..]));
             out.extend_from_slice(&splice.finish());
@@ -612,12 +523,12 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         }
         // Events named only in their data are shifted too.
         let unnamed = "data: {\"type\":\"message_start\",\"message\":{}}\n\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n";
-        let out = BlockSplice::new(&block).feed(unnamed.as_bytes());
+        let out = Events::new(BlockSplice::new(&block)).feed(unnamed.as_bytes());
         let got = events(std::str::from_utf8(&out).unwrap());
         assert_eq!(got.len(), 5);
         assert_eq!(got[4], json!({"type": "content_block_stop", "index": 1}));
         // A stream that ends mid-event hands the rest on as it came.
-        let mut splice = BlockSplice::new(&block);
+        let mut splice = Events::new(BlockSplice::new(&block));
         let mut out = splice.feed(b"event: message_stop\ndata: {").to_vec();
         out.extend_from_slice(&splice.finish());
         assert_eq!(out, b"event: message_stop\ndata: {");

@@ -1,6 +1,7 @@
 //! The providers' own compaction contracts, served for upstreams that lack them: OpenAI's
-//! `POST /v1/responses/compact`, and a `/responses` request ending with a `compaction_trigger`
-//! item (Codex's remote compaction). The conversation is compacted by the planner and the
+//! `POST /v1/responses/compact`, a `/responses` request ending with a `compaction_trigger`
+//! item (Codex's remote compaction), `context_management` compaction on `/responses`
+//! ([`managed`]), and Anthropic's `compact_20260112` edit ([`messages`]). The conversation is compacted by the planner and the
 //! summarizer every other request uses (its cache, budget and single flight included), and
 //! answered in OpenAI's shape with exactly one `compaction` item, which carries the summary
 //! sealed ([`crate::sealing`]). When the client sends that item back on `/responses`, it is
@@ -28,7 +29,9 @@ use crate::sealing::{Opened, Sealer};
 /// The path of OpenAI's compaction endpoint under the API prefix.
 pub const COMPACT_PATH: &str = "/responses/compact";
 
+pub mod managed;
 pub mod messages;
+pub mod splice;
 
 /// Which upstreams get the contracts served, and the sealer for their items.
 #[derive(Debug, Default)]
@@ -109,6 +112,9 @@ pub fn expand(
             continue;
         };
         expanded = true;
+        if carried.replaces {
+            rebuilt.clear();
+        }
         if !carried.summary.is_empty() {
             rebuilt.push(summary_item(&carried.summary));
         }
@@ -131,6 +137,10 @@ struct Carried {
     summary: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     items: Vec<Box<RawValue>>,
+    /// The item stands for the whole input before it (made under `context_management`): what
+    /// precedes it is dropped when it is expanded, as the provider reads its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    replaces: bool,
 }
 
 /// A conversation compacted on the client's request: the pinned head, the summary (empty when
@@ -428,6 +438,7 @@ fn compaction_item(
     let carried = Carried {
         summary: summary.to_string(),
         items,
+        replaces: false,
     };
     let sealed = seal(sealer, tenant, &carried)?;
     Ok(json!({
@@ -512,6 +523,32 @@ mod tests {
         assert_eq!(items[2]["type"], "function_call");
         assert_eq!(items[3]["type"], "function_call_output");
         assert_eq!(items[4]["content"], "go on");
+    }
+
+    #[test]
+    fn an_item_that_replaces_the_input_drops_what_came_before_it() {
+        let sealer = sealer();
+        let carried = Carried {
+            summary: String::new(),
+            items: vec![
+                RawValue::from_string(r#"{"role":"developer","content":"d"}"#.into()).unwrap(),
+                RawValue::from_string(r#"{"role":"user","content":"summary"}"#.into()).unwrap(),
+            ],
+            replaces: true,
+        };
+        let sealed = seal(&sealer, &[3; 32], &carried).unwrap();
+        let body = format!(
+            r#"{{"model":"m","input":[{{"role":"developer","content":"d"}},{{"role":"user","content":"old"}},{{"type":"compaction","encrypted_content":"{sealed}"}},{{"role":"assistant","content":"a"}},{{"role":"user","content":"next"}}]}}"#
+        );
+        let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+        let texts: Vec<Value> = input_items(&out)
+            .iter()
+            .map(|i| i["content"].clone())
+            .collect();
+        assert_eq!(
+            texts,
+            [json!("d"), json!("summary"), json!("a"), json!("next")]
+        );
     }
 
     #[test]

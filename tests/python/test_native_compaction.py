@@ -278,3 +278,29 @@ def test_under_the_trigger_the_edit_is_taken_out_and_the_request_goes_on(proxy):
         context_management=edit(False, 10**6),
     )
     assert answer.stop_reason == "end_turn"
+
+
+def test_server_side_compaction_puts_one_item_first_in_the_answer_streamed_or_not(proxy):
+    """`context_management: [{type: compaction, compact_threshold}]` on `/responses`, for an
+    upstream that refuses the parameter and the item."""
+    items = history("managed")
+    management = [{"type": "compaction", "compact_threshold": 100}]
+    raw = client(proxy).responses.with_raw_response.create(model=MODEL, input=items, context_management=management)
+    assert raw.headers["x-compactor-compaction"] in ("summarized", "reused")
+    body = raw.http_response.json()
+    ResponseCompactionItem.model_validate(body["output"][0], strict=True)
+    assert len(compaction_items(body["output"])) == 1
+    assert raw.parse().output_text
+
+    events = list(client(proxy).responses.create(model=MODEL, input=items, context_management=management, stream=True))
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    done = [event.item.type for event in events if event.type == "response.output_item.done"]
+    assert done[0] == "compaction" and done.count("compaction") == 1
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output[0].type == "compaction"
+    assert events[-1].response.output_text == raw.parse().output_text
+
+    # The client keeps everything and appends the answer; the item stands for all before it.
+    next_turn = items + body["output"] + [{"role": "user", "content": "go on"}]
+    again = client(proxy).responses.create(model=MODEL, input=next_turn, context_management=[{"type": "compaction", "compact_threshold": 10**6}])
+    assert again.output_text

@@ -1,0 +1,264 @@
+//! OpenAI's server-side compaction on `/v1/responses` (`context_management: [{type:
+//! "compaction", compact_threshold}]`), served for upstreams that lack it. The entry is taken
+//! out of the request; over its threshold (compactor's count) the input is compacted and the
+//! compacted request goes on, and the upstream's answer comes back with one `compaction` item
+//! first in its output, as OpenAI's does. The item stands for the whole input it replaced:
+//! sent back later, everything before it is dropped and it becomes that compacted input again.
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::splice::{kind_of, read_event, spliced, write_event, Splice};
+use super::{array_field, failed, hex_digest, nothing_to_summarize, seal, Ask, Carried};
+use crate::body::ProxyBody;
+use crate::compaction::front_ends::Api;
+use crate::compaction::{Outcome, OutcomeKind};
+use crate::error::ProxyError;
+
+/// What serving `context_management` made of a Responses request.
+pub enum Managed {
+    /// No compaction entry: the body as it was handed in.
+    Untouched,
+    /// The entry taken out; under its threshold (or with none), to forward as any request.
+    Stripped(Bytes),
+    /// Over the threshold: the compacted request, and the item its answer starts with.
+    Compacted {
+        body: Bytes,
+        outcome: Outcome,
+        item: Value,
+    },
+}
+
+pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
+    if memchr::memmem::find(body, b"context_management").is_none() {
+        return Ok(Managed::Untouched);
+    }
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(Managed::Untouched);
+    };
+    let Some(entry) = take_compaction(&mut fields) else {
+        return Ok(Managed::Untouched);
+    };
+    let stripped = Bytes::from(Value::Object(fields).to_string());
+    // Without a threshold the provider decides when; compactor's own triggers do here.
+    let Some(threshold) = entry.get("compact_threshold").and_then(Value::as_u64) else {
+        return Ok(Managed::Stripped(stripped));
+    };
+    let under = ask
+        .engine
+        .count(Api::Responses, &stripped)
+        .is_none_or(|tokens| tokens < threshold);
+    if under {
+        return Ok(Managed::Stripped(stripped));
+    }
+    let compacted = super::compacted(ask, stripped.clone(), Api::Responses).await?;
+    let outcome = compacted.outcome.clone();
+    match outcome.kind {
+        OutcomeKind::Summarized | OutcomeKind::Reused => {}
+        OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => {
+            return Ok(Managed::Stripped(stripped))
+        }
+        _ => return Err(failed(outcome.reason)),
+    }
+    let items = array_field(&compacted.body, "input")
+        .iter()
+        .map(|item| RawValue::from_string(item.to_string()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let carried = Carried {
+        summary: String::new(),
+        items,
+        replaces: true,
+    };
+    let sealed = seal(ask.sealer, &ask.tenant(), &carried)?;
+    let item = json!({
+        "id": format!("cmp_{}", hex_digest(&[sealed.as_bytes()])),
+        "type": "compaction",
+        "encrypted_content": sealed,
+    });
+    Ok(Managed::Compacted {
+        body: compacted.body,
+        outcome,
+        item,
+    })
+}
+
+/// Takes the `compaction` entry out of `context_management` (and the field when none is left).
+fn take_compaction(fields: &mut Map<String, Value>) -> Option<Value> {
+    let entries = fields.get_mut("context_management")?.as_array_mut()?;
+    let at = entries
+        .iter()
+        .position(|entry| entry.get("type").and_then(Value::as_str) == Some("compaction"))?;
+    let entry = entries.remove(at);
+    if entries.is_empty() {
+        fields.remove("context_management");
+    }
+    Some(entry)
+}
+
+/// A whole `response` with `item` first in its output; None when it is not one.
+pub fn splice_into_response(body: &[u8], item: &Value) -> Option<Bytes> {
+    let Ok(Value::Object(mut response)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    response
+        .get_mut("output")?
+        .as_array_mut()?
+        .insert(0, item.clone());
+    Some(Bytes::from(Value::Object(response).to_string()))
+}
+
+/// A Responses event stream with the item first: its `output_item.added` and `.done` right
+/// after `response.created` / `response.in_progress`, every later `output_index` one higher and
+/// `sequence_number` two higher, and the item first in the final response's output.
+pub struct ItemSplice {
+    item: Value,
+    injected: bool,
+}
+
+impl Splice for ItemSplice {
+    fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>) {
+        let Some((named, mut data)) = read_event(event) else {
+            out.extend_from_slice(event);
+            return;
+        };
+        let kind = kind_of(&named, &data);
+        let opening = matches!(kind.as_str(), "response.created" | "response.in_progress");
+        if !self.injected && opening {
+            out.extend_from_slice(event);
+            return;
+        }
+        if !self.injected {
+            // The first event past the response's opening: the item's two events go first.
+            self.injected = true;
+            let sequence = data.get("sequence_number").and_then(Value::as_u64);
+            for (offset, kind) in ["response.output_item.added", "response.output_item.done"]
+                .into_iter()
+                .enumerate()
+            {
+                let mut injected = json!({"type": kind, "output_index": 0, "item": self.item});
+                if let Some(sequence) = sequence {
+                    injected["sequence_number"] = json!(sequence + offset as u64);
+                }
+                write_event(out, named.as_ref().map(|_| kind), &injected);
+            }
+        }
+        if let Some(sequence) = data.get("sequence_number").and_then(Value::as_u64) {
+            data["sequence_number"] = json!(sequence + 2);
+        }
+        if let Some(index) = data.get("output_index").and_then(Value::as_u64) {
+            data["output_index"] = json!(index + 1);
+        }
+        if let Some(output) = data
+            .pointer_mut("/response/output")
+            .and_then(Value::as_array_mut)
+        {
+            output.insert(0, self.item.clone());
+        }
+        write_event(out, named.as_deref(), &data);
+    }
+}
+
+/// A streamed upstream answer with the item spliced in.
+pub fn spliced_stream(inner: ProxyBody, item: &Value) -> ProxyBody {
+    spliced(
+        inner,
+        ItemSplice {
+            item: item.clone(),
+            injected: false,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::native::splice::Events;
+
+    const UPSTREAM: &str = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"output\":[]}}\n\n\
+event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"output\":[]}}\n\n\
+event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,\"item\":{\"type\":\"message\"}}\n\n\
+event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"output_index\":0,\"content_index\":0,\"delta\":\"h\\u00e9\"}\n\n\
+event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"sequence_number\":4,\"output_index\":0,\"item\":{\"type\":\"message\"}}\n\n\
+event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":5,\"response\":{\"output\":[{\"type\":\"message\"}]}}\n\n";
+
+    fn events(text: &[u8]) -> Vec<Value> {
+        std::str::from_utf8(text)
+            .unwrap()
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| serde_json::from_str(e.split("data: ").nth(1).unwrap()).unwrap())
+            .collect()
+    }
+
+    fn splice(item: &Value) -> Events<ItemSplice> {
+        Events::new(ItemSplice {
+            item: item.clone(),
+            injected: false,
+        })
+    }
+
+    #[test]
+    fn the_item_goes_first_in_a_stream_however_it_is_cut() {
+        let item =
+            json!({"id": "cmp_1", "type": "compaction", "encrypted_content": "compactor.v1.x"});
+        let whole = splice(&item).feed(UPSTREAM.as_bytes());
+        let got = events(&whole);
+        let kinds: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.output_text.delta",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        let sequence: Vec<u64> = got
+            .iter()
+            .map(|e| e["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(sequence, [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(got[2]["item"], item);
+        assert_eq!(got[3]["output_index"], 0);
+        assert_eq!(got[4]["output_index"], 1);
+        assert_eq!(got[5]["delta"], "hé");
+        assert_eq!(got[7]["response"]["output"][0], item);
+        assert_eq!(got[7]["response"]["output"][1]["type"], "message");
+        for cut in 1..UPSTREAM.len() {
+            let mut events = splice(&item);
+            let mut out = events.feed(&UPSTREAM.as_bytes()[..cut]).to_vec();
+            out.extend_from_slice(&events.feed(&UPSTREAM.as_bytes()[cut..]));
+            out.extend_from_slice(&events.finish());
+            assert_eq!(out, whole, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn the_item_goes_first_in_a_whole_response() {
+        let item = json!({"type": "compaction"});
+        let out =
+            splice_into_response(br#"{"id":"r","output":[{"type":"message"}]}"#, &item).unwrap();
+        let response: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(response["output"], json!([item, {"type": "message"}]));
+    }
+
+    #[test]
+    fn the_compaction_entry_is_taken_out_with_its_field_when_alone() {
+        let mut fields =
+            json!({"context_management": [{"type": "compaction", "compact_threshold": 9}]})
+                .as_object()
+                .unwrap()
+                .clone();
+        assert_eq!(
+            take_compaction(&mut fields).unwrap()["compact_threshold"],
+            9
+        );
+        assert!(fields.is_empty());
+    }
+}
