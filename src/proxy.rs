@@ -135,10 +135,11 @@ async fn proxy(
             {
                 Native::Answered(response) => return Ok(response),
                 Native::Forward(inbound) => inbound,
-                Native::Rewritten(body) => {
+                Native::Rewritten(body, add) => {
                     parts
                         .headers
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    add_to_answer = add;
                     Inbound::Buffered(body)
                 }
                 Native::Compacted(body, outcome, block) => {
@@ -261,7 +262,7 @@ async fn with_compaction_first(
     parts.headers.remove(header::CONTENT_LENGTH);
     if streamed {
         let body = match add {
-            AddToAnswer::MessagesBlock(block) => native::messages::spliced_stream(body, block),
+            AddToAnswer::Messages(addition) => native::messages::spliced_stream(body, addition),
             AddToAnswer::ResponsesItem(item) => native::managed::spliced_stream(body, item),
         };
         return Ok(Response::from_parts(parts, body));
@@ -286,7 +287,7 @@ async fn with_compaction_first(
     }
     let whole = whole.freeze();
     let spliced = match add {
-        AddToAnswer::MessagesBlock(block) => native::messages::splice_into_message(&whole, block),
+        AddToAnswer::Messages(addition) => native::messages::splice_into_message(&whole, addition),
         AddToAnswer::ResponsesItem(item) => native::managed::splice_into_response(&whole, item),
     };
     let body = spliced.unwrap_or(whole);
@@ -302,8 +303,9 @@ enum Native {
     Answered(Response<ProxyBody>),
     /// To forward as it came.
     Forward(Inbound),
-    /// To forward rewritten: compactor's compaction items expanded, a served edit taken out.
-    Rewritten(Bytes),
+    /// To forward rewritten (compactor's compaction items expanded, a served edit taken out or
+    /// applied), compacted as any request; the answer gets what the edits call for.
+    Rewritten(Bytes, Option<AddToAnswer>),
     /// Compacted as the client's own edit asked: forwarded without compacting it again; the
     /// compaction goes first in the answer.
     Compacted(Bytes, crate::compaction::Outcome, AddToAnswer),
@@ -311,8 +313,8 @@ enum Native {
 
 /// The compaction a served contract puts first in the upstream's answer.
 enum AddToAnswer {
-    /// Anthropic's: a `compaction` content block.
-    MessagesBlock(serde_json::Value),
+    /// Anthropic's: a `compaction` content block first, the context edits applied.
+    Messages(native::messages::Addition),
     /// OpenAI's: a `compaction` output item.
     ResponsesItem(serde_json::Value),
 }
@@ -347,12 +349,16 @@ async fn serve_native(
         let served = native::messages::serve(&ask, bytes).await?;
         return Ok(match served {
             native::messages::Served::Forward(None) => Native::Forward(inbound),
-            native::messages::Served::Forward(Some(body)) => Native::Rewritten(body),
+            native::messages::Served::Forward(Some(body)) => Native::Rewritten(body, None),
+            native::messages::Served::Edited { body, addition } => {
+                let add = (!addition.is_empty()).then_some(AddToAnswer::Messages(addition));
+                Native::Rewritten(body, add)
+            }
             native::messages::Served::Compacted {
                 body,
                 outcome,
-                block,
-            } => Native::Compacted(body, outcome, AddToAnswer::MessagesBlock(block)),
+                addition,
+            } => Native::Compacted(body, outcome, AddToAnswer::Messages(addition)),
             native::messages::Served::Answer {
                 body,
                 streamed,
@@ -369,10 +375,10 @@ async fn serve_native(
     if !native::ends_with_trigger(current) {
         return Ok(match native::managed::serve(&ask, current).await? {
             native::managed::Managed::Untouched => match expanded {
-                Some(expanded) => Native::Rewritten(expanded),
+                Some(expanded) => Native::Rewritten(expanded, None),
                 None => Native::Forward(inbound),
             },
-            native::managed::Managed::Stripped(body) => Native::Rewritten(body),
+            native::managed::Managed::Stripped(body) => Native::Rewritten(body, None),
             native::managed::Managed::Compacted {
                 body,
                 outcome,

@@ -224,19 +224,11 @@ fn validate_context_management(request: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// What an Anthropic-compatible server without the compaction contract refuses: a `compact_*`
-/// edit and a `compaction` block.
+/// What an Anthropic-compatible server without Anthropic's context management refuses: any
+/// `context_management` edit (compaction or clearing) and a `compaction` block.
 pub fn without_compaction(request: &Value) -> Result<(), String> {
-    let edits = request
-        .pointer("/context_management/edits")
-        .and_then(Value::as_array);
-    for (i, edit) in edits.into_iter().flatten().enumerate() {
-        let kind = edit.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind.starts_with("compact_") {
-            return Err(format!(
-                "context_management.edits.{i}.type: unknown edit type '{kind}'"
-            ));
-        }
+    if request.get("context_management").is_some() {
+        return Err("context_management: Extra inputs are not permitted".into());
     }
     let messages = request.get("messages").and_then(Value::as_array);
     for (m, message) in messages.into_iter().flatten().enumerate() {

@@ -180,8 +180,9 @@ pub struct UpstreamConfig {
     pub first_byte_timeout_secs: f64,
     /// Longest silence allowed between two response body frames.
     pub idle_timeout_secs: f64,
-    /// The providers' own compaction contracts (OpenAI's `/responses/compact` and
-    /// `compaction_trigger`, Anthropic's `compact_20260112` edit): `pass` forwards them,
+    /// The providers' own compaction contracts (OpenAI's `/responses/compact`,
+    /// `compaction_trigger` and `context_management`, Anthropic's `compact_20260112` and
+    /// `clear_*` edits): `pass` forwards them,
     /// `serve` answers them with compactor's planner and summarizer, `auto` (default) serves
     /// them when `sealing.keys` is set and the upstream is not a provider that defines them
     /// (`api.openai.com`, `api.anthropic.com`), else passes.

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use super::editing;
 use super::splice::{kind_of, read_event, spliced, write_event, Splice};
 use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried};
 use crate::body::ProxyBody;
@@ -28,17 +29,37 @@ const EDIT: &str = "compact_20260112";
 /// Anthropic's default trigger when the edit names none.
 const DEFAULT_TRIGGER_TOKENS: u64 = 150_000;
 
-/// What serving the contract made of a Messages request.
+/// What the upstream's answer to a served request gets: the compaction block first in its
+/// content, and the context edits compactor applied in `context_management.applied_edits`.
+#[derive(Debug, Default)]
+pub struct Addition {
+    pub block: Option<Value>,
+    pub applied: Vec<Value>,
+}
+
+impl Addition {
+    pub fn is_empty(&self) -> bool {
+        self.block.is_none() && self.applied.is_empty()
+    }
+
+    fn context_management(&self) -> Option<Value> {
+        (!self.applied.is_empty()).then(|| json!({"applied_edits": self.applied}))
+    }
+}
+
+/// What serving the contracts made of a Messages request.
 pub enum Served {
-    /// Forward this body (edit taken out, compactor's blocks expanded, maybe compacted), or the
-    /// client's own bytes when None.
+    /// Forward this body (compactor's blocks expanded), or the client's own bytes when None.
     Forward(Option<Bytes>),
-    /// Over the edit's trigger without a pause: compacted, to forward as it is; the upstream's
-    /// answer gets `block` as its first content block.
+    /// The edits taken out (and the context edits applied): forward it, compacted as any
+    /// request; the answer gets `addition`.
+    Edited { body: Bytes, addition: Addition },
+    /// Over the compaction edit's trigger without a pause: compacted, to forward as it is; the
+    /// answer gets `addition` (the block first).
     Compacted {
         body: Bytes,
         outcome: Outcome,
-        block: Value,
+        addition: Addition,
     },
     /// `pause_after_compaction`: answered here.
     Answer {
@@ -52,14 +73,31 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     let tenant = ask.tenant();
     let expanded = expand(body, ask.sealer, &tenant)?;
     let current = expanded.as_deref().unwrap_or(body);
-    if memchr::memmem::find(current, EDIT.as_bytes()).is_none() {
+    if memchr::memmem::find(current, b"context_management").is_none() {
         return Ok(Served::Forward(expanded));
     }
     let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(current) else {
         return Ok(Served::Forward(expanded));
     };
-    let Some(edit) = take_edit(&mut fields) else {
+    let edits = editing::take_edits(&mut fields);
+    let compaction = take_edit(&mut fields);
+    if edits.is_empty() && compaction.is_none() {
         return Ok(Served::Forward(expanded));
+    }
+    let count = |fields: &Map<String, Value>| {
+        let body = Value::Object(fields.clone()).to_string();
+        ask.engine
+            .count(Api::Messages, body.as_bytes())
+            .unwrap_or(0)
+    };
+    let applied = editing::apply(&mut fields, &edits, &count);
+    let Some(edit) = compaction else {
+        let body = Bytes::from(Value::Object(fields).to_string());
+        let addition = Addition {
+            block: None,
+            applied,
+        };
+        return Ok(Served::Edited { body, addition });
     };
     let trigger = edit
         .pointer("/trigger/value")
@@ -73,33 +111,38 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    let under = count(&fields) < trigger;
     let stripped = Bytes::from(Value::Object(fields).to_string());
-    let under = ask
-        .engine
-        .count(Api::Messages, &stripped)
-        .is_none_or(|tokens| tokens < trigger);
+    let edited = |applied| Served::Edited {
+        body: stripped.clone(),
+        addition: Addition {
+            block: None,
+            applied,
+        },
+    };
     if under {
-        return Ok(Served::Forward(Some(stripped)));
+        return Ok(edited(applied));
     }
     let compacted = super::compacted(ask, stripped.clone(), Api::Messages).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {}
-        OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => {
-            return Ok(Served::Forward(Some(stripped)))
-        }
+        OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => return Ok(edited(applied)),
         _ => return Err(failed(outcome.reason)),
     }
-    let block = compaction_block(ask.sealer, &tenant, &compacted.body)?;
+    let addition = Addition {
+        block: Some(compaction_block(ask.sealer, &tenant, &compacted.body)?),
+        applied,
+    };
     if !pause {
         return Ok(Served::Compacted {
             body: compacted.body,
             outcome,
-            block,
+            addition,
         });
     }
     let id = format!("msg_{}", hex_digest(&[body, &now().to_le_bytes()]));
-    let answer = paused_answer(&id, &model, block, &outcome, streamed);
+    let answer = paused_answer(&id, &model, &addition, &outcome, streamed);
     Ok(Served::Answer {
         body: answer,
         streamed,
@@ -130,44 +173,58 @@ fn compaction_block(
     Ok(json!({"type": "compaction", "content": summary, "encrypted_content": sealed}))
 }
 
-/// A non-streamed answer with `block` put first in its content; None when it is not a message.
-pub fn splice_into_message(body: &[u8], block: &Value) -> Option<Bytes> {
+/// A non-streamed answer with the addition made; None when it is not a message.
+pub fn splice_into_message(body: &[u8], addition: &Addition) -> Option<Bytes> {
     let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(body) else {
         return None;
     };
-    let content = message.get_mut("content")?.as_array_mut()?;
-    content.insert(0, block.clone());
+    if let Some(block) = &addition.block {
+        let content = message.get_mut("content")?.as_array_mut()?;
+        content.insert(0, block.clone());
+    }
+    if let Some(management) = addition.context_management() {
+        message.insert("context_management".into(), management);
+    }
     Some(Bytes::from(Value::Object(message).to_string()))
 }
 
-/// A streamed answer with the compaction block put first: its three events right after
-/// `message_start`, and every later content block's `index` one higher.
+/// A streamed answer with the addition made: the block's three events right after
+/// `message_start` and every later content block's `index` one higher; the applied edits in
+/// `message_delta`.
 pub struct BlockSplice {
     block_events: Option<Vec<u8>>,
+    /// Whether later blocks move up one (there is a block to put first).
+    shift: bool,
+    context_management: Option<Value>,
 }
 
 impl BlockSplice {
-    pub fn new(block: &Value) -> BlockSplice {
-        let delta = json!({
-            "type": "compaction_delta",
-            "content": block["content"],
-            "encrypted_content": block["encrypted_content"],
+    pub fn new(addition: &Addition) -> BlockSplice {
+        let block_events = addition.block.as_ref().map(|block| {
+            let delta = json!({
+                "type": "compaction_delta",
+                "content": block["content"],
+                "encrypted_content": block["encrypted_content"],
+            });
+            let events = [
+                (
+                    "content_block_start",
+                    json!({"index": 0, "content_block": {"type": "compaction", "content": null}}),
+                ),
+                ("content_block_delta", json!({"index": 0, "delta": delta})),
+                ("content_block_stop", json!({"index": 0})),
+            ];
+            let mut text = Vec::new();
+            for (kind, mut data) in events {
+                data["type"] = json!(kind);
+                write_event(&mut text, Some(kind), &data);
+            }
+            text
         });
-        let events = [
-            (
-                "content_block_start",
-                json!({"index": 0, "content_block": {"type": "compaction", "content": null}}),
-            ),
-            ("content_block_delta", json!({"index": 0, "delta": delta})),
-            ("content_block_stop", json!({"index": 0})),
-        ];
-        let mut text = Vec::new();
-        for (kind, mut data) in events {
-            data["type"] = json!(kind);
-            write_event(&mut text, Some(kind), &data);
-        }
         BlockSplice {
-            block_events: Some(text),
+            shift: block_events.is_some(),
+            block_events,
+            context_management: addition.context_management(),
         }
     }
 }
@@ -183,16 +240,20 @@ impl Splice for BlockSplice {
             kind.as_str(),
             "content_block_start" | "content_block_delta" | "content_block_stop"
         );
-        match data
+        let index = data
             .get("index")
             .and_then(Value::as_u64)
-            .filter(|_| is_block)
-        {
-            Some(index) => {
+            .filter(|_| is_block);
+        match index {
+            Some(index) if self.shift => {
                 data["index"] = json!(index + 1);
                 write_event(out, named.as_deref(), &data);
             }
-            None => {
+            _ if kind == "message_delta" && self.context_management.is_some() => {
+                data["context_management"] = self.context_management.take().unwrap_or_default();
+                write_event(out, named.as_deref(), &data);
+            }
+            _ => {
                 out.extend_from_slice(event);
                 if kind == "message_start" {
                     if let Some(block) = self.block_events.take() {
@@ -204,9 +265,9 @@ impl Splice for BlockSplice {
     }
 }
 
-/// A streamed upstream answer with the block spliced in.
-pub fn spliced_stream(inner: ProxyBody, block: &Value) -> ProxyBody {
-    spliced(inner, BlockSplice::new(block))
+/// A streamed upstream answer with the addition made.
+pub fn spliced_stream(inner: ProxyBody, addition: &Addition) -> ProxyBody {
+    spliced(inner, BlockSplice::new(addition))
 }
 
 /// Takes the `compact_20260112` edit out of `context_management` (and the field itself when
@@ -243,7 +304,15 @@ fn summary_in(messages: &[Value]) -> Option<String> {
 
 /// Anthropic's answer to a paused compaction: the block alone, `stop_reason: "compaction"`,
 /// the compaction's usage in `usage.iterations`.
-fn paused_answer(id: &str, model: &str, block: Value, outcome: &Outcome, streamed: bool) -> Bytes {
+fn paused_answer(
+    id: &str,
+    model: &str,
+    addition: &Addition,
+    outcome: &Outcome,
+    streamed: bool,
+) -> Bytes {
+    let block = addition.block.clone().unwrap_or_default();
+    let management = addition.context_management();
     let iteration = json!({
         "type": "compaction",
         "input_tokens": outcome.tokens_before,
@@ -257,11 +326,14 @@ fn paused_answer(id: &str, model: &str, block: Value, outcome: &Outcome, streame
         "iterations": [iteration],
     });
     if !streamed {
-        let message = json!({
+        let mut message = json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": [block], "stop_reason": "compaction", "stop_sequence": null,
             "usage": usage,
         });
+        if let Some(management) = management {
+            message["context_management"] = management;
+        }
         return Bytes::from(message.to_string());
     }
     let start = json!({
@@ -284,7 +356,11 @@ fn paused_answer(id: &str, model: &str, block: Value, outcome: &Outcome, streame
         ("content_block_stop", json!({"index": 0})),
         (
             "message_delta",
-            json!({"delta": {"stop_reason": "compaction", "stop_sequence": null}, "usage": usage}),
+            json!({
+                "delta": {"stop_reason": "compaction", "stop_sequence": null},
+                "usage": usage,
+                "context_management": management,
+            }),
         ),
         ("message_stop", json!({})),
     ];
@@ -482,6 +558,11 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     fn the_block_goes_first_in_a_stream_however_it_is_cut() {
         let block =
             json!({"type": "compaction", "content": "S", "encrypted_content": "compactor.v1.x"});
+        let applied = json!({"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": 9});
+        let block = Addition {
+            block: Some(block),
+            applied: vec![applied.clone()],
+        };
         let mut whole = Events::new(BlockSplice::new(&block));
         let expected = String::from_utf8(whole.feed(UPSTREAM.as_bytes()).to_vec()).unwrap();
         let got = events(&expected);
@@ -512,6 +593,10 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             [json!(1), json!(1), json!(1)]
         );
         assert_eq!(got[6]["delta"]["text"], "hi é");
+        assert_eq!(
+            got[8]["context_management"]["applied_edits"],
+            json!([applied])
+        );
         // Events that are not content blocks keep their bytes.
         assert!(expected.contains("event: ping\ndata: {\"type\": \"ping\"}\n\n"));
         for cut in 1..UPSTREAM.len() {
@@ -537,15 +622,46 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     #[test]
     fn the_block_goes_first_in_a_whole_message() {
         let block = json!({"type": "compaction", "content": "S"});
-        let out = splice_into_message(
-            br#"{"id":"m","content":[{"type":"text","text":"a"}],"stop_reason":"end_turn"}"#,
-            &block,
-        )
-        .unwrap();
+        let answer =
+            br#"{"id":"m","content":[{"type":"text","text":"a"}],"stop_reason":"end_turn"}"#;
+        let addition = Addition {
+            block: Some(block.clone()),
+            applied: Vec::new(),
+        };
+        let out = splice_into_message(answer, &addition).unwrap();
         let message: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(message["content"][0], block);
         assert_eq!(message["content"][1]["text"], "a");
-        assert!(splice_into_message(b"not json", &block).is_none());
+        assert!(message.get("context_management").is_none());
+        assert!(splice_into_message(b"not json", &addition).is_none());
+        // Only edits: the content stays, the report is added.
+        let edits = Addition {
+            block: None,
+            applied: vec![json!({"type": "clear_thinking_20251015"})],
+        };
+        let message: Value =
+            serde_json::from_slice(&splice_into_message(answer, &edits).unwrap()).unwrap();
+        assert_eq!(message["content"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            message["context_management"]["applied_edits"][0]["type"],
+            "clear_thinking_20251015"
+        );
+    }
+
+    #[test]
+    fn with_only_edits_applied_no_block_index_moves() {
+        let edits = Addition {
+            block: None,
+            applied: vec![json!({"type": "clear_thinking_20251015"})],
+        };
+        let out = Events::new(BlockSplice::new(&edits)).feed(UPSTREAM.as_bytes());
+        let got = events(std::str::from_utf8(&out).unwrap());
+        assert_eq!(got.len(), 7);
+        assert_eq!(got[1]["index"], 0);
+        assert_eq!(
+            got[5]["context_management"]["applied_edits"][0]["type"],
+            "clear_thinking_20251015"
+        );
     }
 
     #[test]

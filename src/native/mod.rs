@@ -1,7 +1,8 @@
 //! The providers' own compaction contracts, served for upstreams that lack them: OpenAI's
 //! `POST /v1/responses/compact`, a `/responses` request ending with a `compaction_trigger`
 //! item (Codex's remote compaction), `context_management` compaction on `/responses`
-//! ([`managed`]), and Anthropic's `compact_20260112` edit ([`messages`]). The conversation is compacted by the planner and the
+//! ([`managed`]), and Anthropic's `compact_20260112` edit ([`messages`]) and context editing
+//! ([`editing`]). The conversation is compacted by the planner and the
 //! summarizer every other request uses (its cache, budget and single flight included), and
 //! answered in OpenAI's shape with exactly one `compaction` item, which carries the summary
 //! sealed ([`crate::sealing`]). When the client sends that item back on `/responses`, it is
@@ -29,6 +30,7 @@ use crate::sealing::{Opened, Sealer};
 /// The path of OpenAI's compaction endpoint under the API prefix.
 pub const COMPACT_PATH: &str = "/responses/compact";
 
+pub mod editing;
 pub mod managed;
 pub mod messages;
 pub mod splice;

@@ -304,3 +304,36 @@ def test_server_side_compaction_puts_one_item_first_in_the_answer_streamed_or_no
     next_turn = items + body["output"] + [{"role": "user", "content": "go on"}]
     again = client(proxy).responses.create(model=MODEL, input=next_turn, context_management=[{"type": "compaction", "compact_threshold": 10**6}])
     assert again.output_text
+
+
+def test_context_editing_is_applied_for_an_upstream_without_it_and_reported(proxy):
+    """`clear_tool_uses_20250919` and `clear_thinking_20251015`, which the upstream refuses:
+    applied by compactor, reported in `context_management.applied_edits`, streamed or not."""
+    clear = {"edits": [{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 2}, "keep": {"type": "tool_uses", "value": 1}}]}
+    betas = ["context-management-2025-06-27"]
+    run = agent_run(5)
+    for message in run[2::2]:
+        message["content"][0]["content"] = "fn main() {}\n" * 40
+    raw = claude(proxy).beta.messages.with_raw_response.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=betas, context_management=clear
+    )
+    message = raw.parse()
+    (applied,) = message.context_management.applied_edits
+    assert applied.type == "clear_tool_uses_20250919"
+    assert applied.cleared_tool_uses == 4
+    assert applied.cleared_input_tokens > 0
+
+    with claude(proxy).beta.messages.stream(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=betas, context_management=clear
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.context_management.applied_edits[0].cleared_tool_uses == 4
+    assert final.content[0].text == message.content[0].text
+
+    # Under the edit's trigger nothing is cleared or reported, and the edit still never reaches
+    # the upstream.
+    quiet = {"edits": [{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 99}}]}
+    untouched = claude(proxy).beta.messages.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=betas, context_management=quiet
+    )
+    assert untouched.context_management is None
