@@ -3,6 +3,7 @@ that lacks it: the mock runs `--without-native-compaction`, so it answers `/resp
 with 404 and refuses a `compaction` input item, as vLLM or SGLang would. compactor answers the
 call, seals the summary into the one compaction item, and expands that item on later turns."""
 
+import json
 import socket
 import textwrap
 
@@ -337,3 +338,29 @@ def test_context_editing_is_applied_for_an_upstream_without_it_and_reported(prox
         model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=betas, context_management=quiet
     )
     assert untouched.context_management is None
+
+
+def test_turns_after_a_compaction_block_keep_a_byte_identical_prefix(proxy):
+    """What the block expands into is the same bytes every turn, so provider caches keep hitting."""
+    run = agent_run(5)
+    paused = claude(proxy).beta.messages.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(True)
+    )
+    block = paused.content[0].model_dump(exclude_none=True)
+    history = run + [{"role": "assistant", "content": [block]}, {"role": "user", "content": "go on"}]
+    echo = anthropic.Anthropic(
+        base_url=proxy.url, api_key="sk-ant-test", max_retries=0, timeout=20, default_headers={"x-mock-mode": "echo"}
+    )
+
+    def forwarded(messages):
+        answer = echo.beta.messages.create(
+            model=CLAUDE, max_tokens=100, tools=TOOLS, messages=messages, betas=BETAS,
+            context_management=edit(True, 10**6),
+        )
+        return answer.content[0].text
+
+    first = forwarded(history)
+    second = forwarded(history + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}])
+    assert "compaction" not in first and "context_management" not in first
+    assert json.loads(first)["messages"][0]["content"][0]["text"].startswith("Here is a summary")
+    assert second.startswith(first[: first.rindex("]")])
