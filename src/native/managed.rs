@@ -6,7 +6,6 @@
 //! sent back later, everything before it is dropped and it becomes that compacted input again.
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::splice::{kind_of, read_event, spliced, write_event, Splice};
@@ -61,14 +60,9 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
         }
         _ => return Err(failed(outcome.reason)),
     }
-    let items = array_field(&compacted.body, "input")
-        .iter()
-        .map(|item| RawValue::from_string(item.to_string()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let carried = Carried {
         summary: String::new(),
-        items,
+        items: array_field(&compacted.body, "input"),
         replaces: true,
     };
     let sealed = seal(ask.sealer, &ask.tenant(), &carried)?;

@@ -11,7 +11,6 @@
 //! does, everything before the block is dropped and the block becomes those messages again.
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::editing;
@@ -159,14 +158,9 @@ fn compaction_block(
 ) -> Result<Value, ProxyError> {
     let messages = messages_of(compacted);
     let summary = summary_in(&messages).unwrap_or_default();
-    let items = messages
-        .iter()
-        .map(|message| RawValue::from_string(message.to_string()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let carried = Carried {
         summary: summary.clone(),
-        items,
+        items: messages,
         replaces: false,
     };
     let sealed = seal(sealer, tenant, &carried)?;
@@ -410,12 +404,7 @@ pub fn expand(
     let Some((m, b, carried)) = found else {
         return Ok(None);
     };
-    let mut rebuilt: Vec<Value> = Vec::with_capacity(carried.items.len() + messages.len() - m);
-    for item in &carried.items {
-        let message =
-            serde_json::from_str(item.get()).map_err(|_| ProxyError::SealedItemRefused)?;
-        rebuilt.push(message);
-    }
+    let mut rebuilt = carried.items;
     let mut rest = messages.into_iter().skip(m);
     if let Some(mut holding) = rest.next() {
         let after: Vec<Value> = holding
@@ -471,10 +460,7 @@ mod tests {
     }
 
     fn block(sealer: &Sealer, carried: &[Value]) -> Value {
-        let items = carried
-            .iter()
-            .map(|m| RawValue::from_string(m.to_string()).unwrap())
-            .collect();
+        let items = carried.to_vec();
         let carried = Carried {
             summary: "S".into(),
             items,

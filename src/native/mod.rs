@@ -13,7 +13,6 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::engine::{Compacted, CompactionEngine};
@@ -120,7 +119,7 @@ pub fn expand(
         if !carried.summary.is_empty() {
             rebuilt.push(summary_item(&carried.summary));
         }
-        rebuilt.extend(carried.items.iter().map(|item| item.get().to_string()));
+        rebuilt.extend(carried.items.iter().map(Value::to_string));
     }
     if !expanded {
         return Ok(None);
@@ -138,7 +137,7 @@ pub fn expand(
 struct Carried {
     summary: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    items: Vec<Box<RawValue>>,
+    items: Vec<Value>,
     /// The item stands for the whole input before it (made under `context_management`): what
     /// precedes it is dropped when it is expanded, as the provider reads its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -289,25 +288,18 @@ pub async fn compact_on_trigger(
         _ => return Err(bad("`input` must be an array of items")),
     };
     input.pop();
-    let mut planned = Map::new();
-    planned.insert("model".into(), Value::String(model.clone()));
-    if let Some(instructions) = fields.remove("instructions").filter(|v| !v.is_null()) {
-        planned.insert("instructions".into(), instructions);
-    }
-    planned.insert("input".into(), Value::Array(input));
-    let planned = Bytes::from(Value::Object(planned).to_string());
+    let instructions = fields.get("instructions");
+    let planned = planned_body(&model, instructions, Value::Array(input));
     let compaction = compact_forced(ask, planned).await?;
     // The client keeps its instructions and user turns itself (Codex puts them before the
     // item): the item carries the rest of the tail, so nothing reaches the upstream twice.
     let tail = compaction
         .tail
-        .iter()
+        .into_iter()
         .filter(|item| {
             !is_instruction(item) && item.get("role").and_then(Value::as_str) != Some("user")
         })
-        .map(|item| RawValue::from_string(item.to_string()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+        .collect();
     let item = compaction_item(ask.sealer, &tenant, &compaction.summary, tail)?;
     let created_at = now();
     let id = format!("resp_{}", hex_digest(&[body, &created_at.to_le_bytes()]));
@@ -404,16 +396,22 @@ impl CompactRequest {
             Some(items @ Value::Array(_)) => items.clone(),
             Some(_) => return Err(bad("`input` must be a string or an array of items")),
         };
-        let mut planned = Map::new();
-        planned.insert("model".into(), Value::String(model.to_string()));
-        if let Some(instructions) = fields.get("instructions").filter(|v| !v.is_null()) {
-            planned.insert("instructions".into(), instructions.clone());
-        }
-        planned.insert("input".into(), input);
         Ok(CompactRequest {
-            body: Bytes::from(Value::Object(planned).to_string()),
+            body: planned_body(model, fields.get("instructions"), input),
         })
     }
+}
+
+/// The Responses body a compaction is planned on: the model, the instructions when there are
+/// any (pinned), the input.
+fn planned_body(model: &str, instructions: Option<&Value>, input: Value) -> Bytes {
+    let mut planned = Map::new();
+    planned.insert("model".into(), Value::String(model.to_string()));
+    if let Some(instructions) = instructions.filter(|v| !v.is_null()) {
+        planned.insert("instructions".into(), instructions.clone());
+    }
+    planned.insert("input".into(), input);
+    Bytes::from(Value::Object(planned).to_string())
 }
 
 fn input_items(body: &[u8]) -> Vec<Value> {
@@ -435,7 +433,7 @@ fn compaction_item(
     sealer: &Sealer,
     tenant: &[u8; 32],
     summary: &str,
-    items: Vec<Box<RawValue>>,
+    items: Vec<Value>,
 ) -> Result<Value, ProxyError> {
     let carried = Carried {
         summary: summary.to_string(),
@@ -499,7 +497,7 @@ mod tests {
     fn sealed(sealer: &Sealer, summary: &str, items: &[&str]) -> String {
         let items = items
             .iter()
-            .map(|raw| RawValue::from_string(raw.to_string()).unwrap())
+            .map(|raw| serde_json::from_str(raw).unwrap())
             .collect();
         let item = compaction_item(sealer, &[3; 32], summary, items).unwrap();
         item["encrypted_content"].as_str().unwrap().to_string()
@@ -533,8 +531,8 @@ mod tests {
         let carried = Carried {
             summary: String::new(),
             items: vec![
-                RawValue::from_string(r#"{"role":"developer","content":"d"}"#.into()).unwrap(),
-                RawValue::from_string(r#"{"role":"user","content":"summary"}"#.into()).unwrap(),
+                json!({"role": "developer", "content": "d"}),
+                json!({"role": "user", "content": "summary"}),
             ],
             replaces: true,
         };
