@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::splice::{kind_of, read_event, spliced, write_event, Splice};
+use super::splice::{spliced, write_event, Event, Splice};
 use super::{array_field, failed, hex_digest, nothing_to_summarize, seal, Ask, Carried};
 use crate::body::ProxyBody;
 use crate::compaction::front_ends::Api;
@@ -112,17 +112,16 @@ pub struct ItemSplice {
 }
 
 impl Splice for ItemSplice {
-    fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>) {
-        let Some((named, mut data)) = read_event(event) else {
-            out.extend_from_slice(event);
-            return;
-        };
-        let kind = kind_of(&named, &data);
-        let opening = matches!(kind.as_str(), "response.created" | "response.in_progress");
+    fn rewrite(&mut self, event: Event<'_>, out: &mut Vec<u8>) {
+        let opening = matches!(
+            event.kind.as_str(),
+            "response.created" | "response.in_progress"
+        );
         if !self.injected && opening {
-            out.extend_from_slice(event);
+            out.extend_from_slice(event.raw);
             return;
         }
+        let Event { name, mut data, .. } = event;
         if !self.injected {
             // The first event past the response's opening: the item's two events go first.
             self.injected = true;
@@ -135,7 +134,7 @@ impl Splice for ItemSplice {
                 if let Some(sequence) = sequence {
                     injected["sequence_number"] = json!(sequence + offset as u64);
                 }
-                write_event(out, named.as_ref().map(|_| kind), &injected);
+                write_event(out, name.as_ref().map(|_| kind), &injected);
             }
         }
         if let Some(sequence) = data.get("sequence_number").and_then(Value::as_u64) {
@@ -150,7 +149,7 @@ impl Splice for ItemSplice {
         {
             output.insert(0, self.item.clone());
         }
-        write_event(out, named.as_deref(), &data);
+        write_event(out, name.as_deref(), &data);
     }
 }
 

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::editing;
-use super::splice::{kind_of, read_event, spliced, write_event, Splice};
+use super::splice::{spliced, typed_events, write_event, Event, Splice};
 use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried};
 use crate::body::ProxyBody;
 use crate::compaction::front_ends::Api;
@@ -208,12 +208,7 @@ impl BlockSplice {
                 ("content_block_delta", json!({"index": 0, "delta": delta})),
                 ("content_block_stop", json!({"index": 0})),
             ];
-            let mut text = Vec::new();
-            for (kind, mut data) in events {
-                data["type"] = json!(kind);
-                write_event(&mut text, Some(kind), &data);
-            }
-            text
+            typed_events(events)
         });
         BlockSplice {
             shift: block_events.is_some(),
@@ -224,32 +219,29 @@ impl BlockSplice {
 }
 
 impl Splice for BlockSplice {
-    fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>) {
-        let Some((named, mut data)) = read_event(event) else {
-            out.extend_from_slice(event);
-            return;
-        };
-        let kind = kind_of(&named, &data);
+    fn rewrite(&mut self, mut event: Event<'_>, out: &mut Vec<u8>) {
         let is_block = matches!(
-            kind.as_str(),
+            event.kind.as_str(),
             "content_block_start" | "content_block_delta" | "content_block_stop"
         );
-        let index = data
+        let index = event
+            .data
             .get("index")
             .and_then(Value::as_u64)
             .filter(|_| is_block);
         match index {
             Some(index) if self.shift => {
-                data["index"] = json!(index + 1);
-                write_event(out, named.as_deref(), &data);
+                event.data["index"] = json!(index + 1);
+                write_event(out, event.name.as_deref(), &event.data);
             }
-            _ if kind == "message_delta" && self.context_management.is_some() => {
-                data["context_management"] = self.context_management.take().unwrap_or_default();
-                write_event(out, named.as_deref(), &data);
+            _ if event.kind == "message_delta" && self.context_management.is_some() => {
+                event.data["context_management"] =
+                    self.context_management.take().unwrap_or_default();
+                write_event(out, event.name.as_deref(), &event.data);
             }
             _ => {
-                out.extend_from_slice(event);
-                if kind == "message_start" {
+                out.extend_from_slice(event.raw);
+                if event.kind == "message_start" {
                     if let Some(block) = self.block_events.take() {
                         out.extend_from_slice(&block);
                     }
@@ -358,12 +350,7 @@ fn paused_answer(
         ),
         ("message_stop", json!({})),
     ];
-    let mut text = String::new();
-    for (kind, mut data) in events {
-        data["type"] = json!(kind);
-        text.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
-    }
-    Bytes::from(text)
+    Bytes::from(typed_events(events))
 }
 
 /// `body` with compactor's latest compaction block expanded as Anthropic reads one: every

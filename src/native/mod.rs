@@ -341,12 +341,14 @@ pub async fn compact_on_trigger(
             json!({"response": response("completed", json!([item]), usage)}),
         ),
     ];
-    let mut text = String::new();
-    for (sequence, (kind, mut data)) in events.into_iter().enumerate() {
-        data["type"] = json!(kind);
-        data["sequence_number"] = json!(sequence);
-        text.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
-    }
+    let sequenced = events
+        .into_iter()
+        .enumerate()
+        .map(|(sequence, (kind, mut data))| {
+            data["sequence_number"] = json!(sequence);
+            (kind, data)
+        });
+    let text = splice::typed_events(sequenced);
     Ok((Bytes::from(text), true, compaction.outcome))
 }
 

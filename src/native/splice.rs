@@ -12,9 +12,21 @@ use serde_json::Value;
 
 use crate::body::{BoxError, ProxyBody};
 
-/// Rewrites one complete event (its blank line included) into `out`.
+/// One complete event whose data is JSON, as a [`Splice`] sees it.
+pub struct Event<'a> {
+    /// Its bytes as they came, blank line included.
+    pub raw: &'a [u8],
+    /// Its `event:` name, when it has one.
+    pub name: Option<String>,
+    /// Its name, or the `type` its data carries.
+    pub kind: String,
+    pub data: Value,
+}
+
+/// Rewrites one event into `out`. Events whose data is not JSON never reach it: they pass on
+/// as they came.
 pub trait Splice: Send + Unpin + 'static {
-    fn rewrite(&mut self, event: &[u8], out: &mut Vec<u8>);
+    fn rewrite(&mut self, event: Event<'_>, out: &mut Vec<u8>);
 }
 
 /// The upstream's bytes, cut into events for a [`Splice`].
@@ -36,8 +48,23 @@ impl<S: Splice> Events<S> {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
         while let Some(end) = event_end(&self.pending) {
-            let event: Vec<u8> = self.pending.drain(..end).collect();
-            self.splice.rewrite(&event, &mut out);
+            let raw: Vec<u8> = self.pending.drain(..end).collect();
+            match read_event(&raw) {
+                Some((name, data)) => {
+                    let kind = name
+                        .clone()
+                        .or_else(|| data.get("type").and_then(Value::as_str).map(str::to_string))
+                        .unwrap_or_default();
+                    let event = Event {
+                        raw: &raw,
+                        name,
+                        kind,
+                        data,
+                    };
+                    self.splice.rewrite(event, &mut out);
+                }
+                None => out.extend_from_slice(&raw),
+            }
         }
         Bytes::from(out)
     }
@@ -112,7 +139,7 @@ fn event_end(bytes: &[u8]) -> Option<usize> {
 
 /// An event's name (its `event:` line, when it has one) and its data as JSON (the `data:`
 /// lines joined, as SSE defines); None when the data is not JSON.
-pub fn read_event(event: &[u8]) -> Option<(Option<String>, Value)> {
+fn read_event(event: &[u8]) -> Option<(Option<String>, Value)> {
     let text = std::str::from_utf8(event).ok()?;
     let mut named = None;
     let mut data = Vec::new();
@@ -127,12 +154,14 @@ pub fn read_event(event: &[u8]) -> Option<(Option<String>, Value)> {
     Some((named, data))
 }
 
-/// An event's kind: its name, or the `type` its data carries.
-pub fn kind_of(named: &Option<String>, data: &Value) -> String {
-    named
-        .clone()
-        .or_else(|| data.get("type").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or_default()
+/// Events compactor writes itself: each named by its kind, which its data carries as `type`.
+pub fn typed_events<'a>(events: impl IntoIterator<Item = (&'a str, Value)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (kind, mut data) in events {
+        data["type"] = Value::from(kind);
+        write_event(&mut out, Some(kind), &data);
+    }
+    out
 }
 
 pub fn write_event(out: &mut Vec<u8>, name: Option<&str>, data: &Value) {
