@@ -22,7 +22,7 @@ use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::failure::CompactionFailure;
 use crate::compaction::front_ends::Api;
 use crate::compaction::overflow::may_be_overflow;
-use crate::compaction::retry::Retry;
+use crate::compaction::retry::{read_bounded, Retry};
 use crate::compaction::scope::Caller;
 use crate::config::{UpstreamApi, WebSocketMode};
 use crate::error::{ErrorShape, ProxyError};
@@ -272,20 +272,15 @@ async fn with_compaction_first(
         upstream: upstream.name.clone(),
         reason,
     };
-    let mut body = body;
-    let mut whole = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| broken(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if whole.len() + data.len() > MAX_SPLICED_MESSAGE_BYTES {
-                return Err(broken(
-                    "the answer is too large to add the compaction block to".into(),
-                ));
-            }
-            whole.extend_from_slice(&data);
+    let whole = match read_bounded(body, MAX_SPLICED_MESSAGE_BYTES).await {
+        (whole, Ok(None)) => whole,
+        (_, Ok(Some(_))) => {
+            return Err(broken(
+                "the answer is too large to add the compaction block to".into(),
+            ))
         }
-    }
-    let whole = whole.freeze();
+        (_, Err(e)) => return Err(broken(e.to_string())),
+    };
     let spliced = match add {
         AddToAnswer::Messages(addition) => native::messages::splice_into_message(&whole, addition),
         AddToAnswer::ResponsesItem(item) => native::managed::splice_into_response(&whole, item),

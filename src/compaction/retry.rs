@@ -102,7 +102,7 @@ impl Retry<'_, '_> {
 
 /// Reads up to `limit` bytes of a body: all of it (and `Ok(None)`), or the bytes read and what
 /// is left (`Ok(Some)`), or the bytes read and the error that stopped the reading.
-async fn read_bounded(
+pub async fn read_bounded(
     mut body: ProxyBody,
     limit: usize,
 ) -> (Bytes, Result<Option<ProxyBody>, body::BoxError>) {

@@ -20,7 +20,15 @@ const DEFAULT_KEEP_THINKING_TURNS: u64 = 1;
 
 /// Takes the context-editing edits out of `context_management` (and the field when none is
 /// left), in the order they were listed.
-pub fn take_edits(fields: &mut Map<String, Value>) -> Vec<Value> {
+pub fn take_clearing_edits(fields: &mut Map<String, Value>) -> Vec<Value> {
+    take_edits(fields, |kind| {
+        matches!(kind, CLEAR_TOOL_USES | CLEAR_THINKING)
+    })
+}
+
+/// Takes the edits whose type `wanted` accepts out of `context_management.edits` (and the
+/// field when no edit is left), in the order they were listed.
+pub fn take_edits(fields: &mut Map<String, Value>, wanted: impl Fn(&str) -> bool) -> Vec<Value> {
     let Some(edits) = fields
         .get_mut("context_management")
         .and_then(|management| management.get_mut("edits"))
@@ -30,7 +38,7 @@ pub fn take_edits(fields: &mut Map<String, Value>) -> Vec<Value> {
     };
     let (taken, kept): (Vec<Value>, Vec<Value>) = std::mem::take(edits)
         .into_iter()
-        .partition(|edit| matches!(kind(edit), CLEAR_TOOL_USES | CLEAR_THINKING));
+        .partition(|edit| wanted(kind(edit)));
     *edits = kept;
     if edits.is_empty() {
         fields.remove("context_management");
@@ -325,7 +333,7 @@ mod tests {
             .as_object()
             .unwrap()
             .clone();
-        let taken = take_edits(&mut fields);
+        let taken = take_clearing_edits(&mut fields);
         assert_eq!(taken.len(), 2);
         assert_eq!(
             fields["context_management"]["edits"],

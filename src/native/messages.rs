@@ -78,16 +78,14 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(current) else {
         return Ok(Served::Forward(expanded));
     };
-    let edits = editing::take_edits(&mut fields);
+    let edits = editing::take_clearing_edits(&mut fields);
     let compaction = take_edit(&mut fields);
     if edits.is_empty() && compaction.is_none() {
         return Ok(Served::Forward(expanded));
     }
     let count = |fields: &Map<String, Value>| {
-        let body = Value::Object(fields.clone()).to_string();
-        ask.engine
-            .count(Api::Messages, body.as_bytes())
-            .unwrap_or(0)
+        let body = serde_json::to_vec(fields).unwrap_or_default();
+        ask.engine.count(Api::Messages, &body).unwrap_or(0)
     };
     let applied = editing::apply(&mut fields, &edits, &count);
     let Some(edit) = compaction else {
@@ -110,8 +108,11 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let under = count(&fields) < trigger;
     let stripped = Bytes::from(Value::Object(fields).to_string());
+    let under = ask
+        .engine
+        .count(Api::Messages, &stripped)
+        .is_none_or(|tokens| tokens < trigger);
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
         addition: Addition {
@@ -259,18 +260,9 @@ pub fn spliced_stream(inner: ProxyBody, addition: &Addition) -> ProxyBody {
 /// Takes the `compact_20260112` edit out of `context_management` (and the field itself when
 /// no edit is left).
 fn take_edit(fields: &mut Map<String, Value>) -> Option<Value> {
-    let edits = fields
-        .get_mut("context_management")?
-        .get_mut("edits")?
-        .as_array_mut()?;
-    let at = edits
-        .iter()
-        .position(|edit| edit.get("type").and_then(Value::as_str) == Some(EDIT))?;
-    let edit = edits.remove(at);
-    if edits.is_empty() {
-        fields.remove("context_management");
-    }
-    Some(edit)
+    editing::take_edits(fields, |kind| kind == EDIT)
+        .into_iter()
+        .next()
 }
 
 fn messages_of(body: &[u8]) -> Vec<Value> {
