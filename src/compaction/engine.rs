@@ -37,7 +37,7 @@ use crate::compaction::summaries::summarizer::{
 use crate::compaction::summaries::summary_input;
 use crate::compaction::summaries::vet::{vet, Unusable};
 use crate::compaction::windows::learned_window;
-use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind};
+use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind, SummarizerUsage};
 use crate::config::{Config, FailMode, NoticeMode};
 use crate::headers;
 use crate::metrics::Metrics;
@@ -302,12 +302,47 @@ impl CompactionEngine {
         caller: Caller<'_>,
         api: Api,
     ) -> Result<Compacted, CompactionRefused> {
-        let first = self.run(headers, body, upstream, caller, api, None).await?;
+        self.compact_as(headers, body, upstream, caller, api, Asked::default())
+            .await
+    }
+
+    /// As [`CompactionEngine::compact`], with the summary written to the client's own prompt (a
+    /// template holding `{messages}`) in place of `summary_prompt`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn compact_with_prompt(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+        upstream: &str,
+        caller: Caller<'_>,
+        api: Api,
+        summary_prompt: &str,
+    ) -> Result<Compacted, CompactionRefused> {
+        let asked = Asked {
+            reactive: None,
+            summary_prompt: Some(summary_prompt),
+        };
+        self.compact_as(headers, body, upstream, caller, api, asked)
+            .await
+    }
+
+    async fn compact_as(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+        upstream: &str,
+        caller: Caller<'_>,
+        api: Api,
+        asked: Asked<'_>,
+    ) -> Result<Compacted, CompactionRefused> {
+        let first = self
+            .run(headers, body, upstream, caller, api, asked)
+            .await?;
         if first.outcome.reason != Reason::SummarizerContextTooLong {
             return Ok(first);
         }
         // The summarizer's window is learned now: planned again, the calls are cut to it.
-        self.run(headers, first.body, upstream, caller, api, None)
+        self.run(headers, first.body, upstream, caller, api, asked)
             .await
     }
 
@@ -361,8 +396,11 @@ impl CompactionEngine {
         api: Api,
         reactive: Reactive,
     ) -> Result<Compacted, CompactionRefused> {
-        self.run(headers, body, upstream, caller, api, Some(reactive))
-            .await
+        let asked = Asked {
+            reactive: Some(reactive),
+            summary_prompt: None,
+        };
+        self.run(headers, body, upstream, caller, api, asked).await
     }
 
     async fn run(
@@ -372,8 +410,12 @@ impl CompactionEngine {
         upstream: &str,
         caller: Caller<'_>,
         api: Api,
-        reactive: Option<Reactive>,
+        asked: Asked<'_>,
     ) -> Result<Compacted, CompactionRefused> {
+        let Asked {
+            reactive,
+            summary_prompt,
+        } = asked;
         let planner = &self.inner.planner;
         let control = match Control::of(headers) {
             Control::Force if !caller.may_force => Control::Auto,
@@ -407,6 +449,7 @@ impl CompactionEngine {
             force: control == Control::Force,
             api,
             reactive,
+            summary_prompt,
         };
         let prepared = self.prepare(&body, &ask).await;
         let (result, window) = match prepared {
@@ -469,6 +512,7 @@ impl CompactionEngine {
         let credentials = ask.credentials.clone();
         let upstream = ask.upstream.to_string();
         let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
+        let summary_prompt = ask.summary_prompt.map(str::to_string);
         let runtime = tokio::runtime::Handle::current();
         self.inner
             .pool
@@ -479,6 +523,7 @@ impl CompactionEngine {
                     force,
                     api,
                     reactive,
+                    summary_prompt: summary_prompt.as_deref(),
                 };
                 runtime.block_on(inner.planner.prepare(&body, &ask))
             })
@@ -619,8 +664,10 @@ impl CompactionEngine {
         let estimate = self.inner.planner.summary_estimate_tokens();
         let tokens_after = job.layout.projected_tokens - estimate.min(job.layout.projected_tokens)
             + summary.tokens;
+        let summarizer_usage = self.summarizer_usage(&job, &summary);
         let outcome = Outcome {
             kind: OutcomeKind::Summarized,
+            summarizer_usage: Some(summarizer_usage),
             tokens_after,
             messages_summarized: job.messages_summarized,
             summarizer_ms,
@@ -644,6 +691,23 @@ impl CompactionEngine {
             }),
             outcome,
         })
+    }
+
+    /// What making `job`'s summary cost, in the summarizer model's estimated count: each call
+    /// reads the prompt, the summary so far and its chunk, and writes a summary.
+    fn summarizer_usage(&self, job: &Job, summary: &CachedSummary) -> SummarizerUsage {
+        let planner = &self.inner.planner;
+        let model = planner.windows.token_model(Some(&job.model));
+        let tokens = |text: &str| model.tokens(CharCount::of_str(text)) + model.message_overhead();
+        let template = (job.summary_prompt.as_deref()).or(planner.config.summary_prompt.as_deref());
+        let prompt = tokens(&summary_input::render_prompt(template, None, ""));
+        let calls = job.chunks.len().max(1) as u64;
+        let chunks: u64 = job.chunks.iter().map(|chunk| tokens(chunk)).sum();
+        let previous = job.previous.as_deref().map_or(0, tokens);
+        SummarizerUsage {
+            input_tokens: calls * prompt + chunks + previous + (calls - 1) * summary.tokens,
+            output_tokens: calls * summary.tokens,
+        }
     }
 
     /// The summary for a job, made once for all concurrent requests that need it, in a task
@@ -675,6 +739,7 @@ impl CompactionEngine {
             ),
             accounts: job.accounts.clone(),
             bound,
+            summary_prompt: job.summary_prompt.clone(),
         };
         let inner = self.inner.clone();
         let (shared, started) = self
@@ -733,6 +798,13 @@ impl CompactionEngine {
     }
 }
 
+/// What a request asks besides its body: a retry after an overflow, a prompt of its own.
+#[derive(Clone, Copy, Default)]
+struct Asked<'p> {
+    reactive: Option<Reactive>,
+    summary_prompt: Option<&'p str>,
+}
+
 /// One summarizer run, owned, for the single flight that makes it.
 struct SummaryRun {
     call: SummaryCall,
@@ -746,6 +818,7 @@ struct SummaryRun {
     layout: LayoutKey,
     accounts: Vec<[u8; 32]>,
     bound: Duration,
+    summary_prompt: Option<Arc<str>>,
 }
 
 impl Inner {
@@ -769,7 +842,12 @@ impl Inner {
         let (cut, excluded, splits) = run.layout;
         let made = async {
             let text = self
-                .fold_chunks(&run.call, run.previous, &run.chunks)
+                .fold_chunks(
+                    &run.call,
+                    run.summary_prompt.as_deref(),
+                    run.previous,
+                    &run.chunks,
+                )
                 .await?;
             let tokens = summary_tokens(&text, &self.planner.config, &run.token_model);
             if tokens >= run.replaced_tokens {
@@ -816,17 +894,14 @@ impl Inner {
     async fn fold_chunks(
         &self,
         call: &SummaryCall,
+        client_prompt: Option<&str>,
         mut previous: Option<String>,
         chunks: &[String],
     ) -> Result<String, CompactionFailure> {
-        let template = self.planner.config.summary_prompt.as_deref();
+        let template = client_prompt.or(self.planner.config.summary_prompt.as_deref());
         let instructions = summary_input::render_prompt(template, None, "");
         for chunk in chunks {
-            let prompt = summary_input::render_prompt(
-                self.planner.config.summary_prompt.as_deref(),
-                previous.as_deref(),
-                chunk,
-            );
+            let prompt = summary_input::render_prompt(template, previous.as_deref(), chunk);
             let started = Instant::now();
             let windows = &self.planner.windows;
             let chars = CharCount::of_str(&prompt);

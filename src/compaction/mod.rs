@@ -33,5 +33,5 @@ pub mod scope;
 pub mod summaries;
 pub mod windows;
 
-pub use outcome::{CacheUse, CountBasis, Outcome, OutcomeKind};
+pub use outcome::{CacheUse, CountBasis, Outcome, OutcomeKind, SummarizerUsage};
 pub use reason::Reason;

@@ -102,6 +102,15 @@ pub struct Outcome {
     pub messages_dropped: usize,
     /// A summary for this conversation's coming cut was started in the background.
     pub precompute_started: bool,
+    /// Summarized: what the summarizer calls read and wrote, in its model's estimated count.
+    pub summarizer_usage: Option<SummarizerUsage>,
+}
+
+/// Tokens a summary cost: the summarizer calls' prompts and answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummarizerUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
 }
 
 impl Outcome {
@@ -121,6 +130,7 @@ impl Outcome {
             outputs_cleared: 0,
             messages_dropped: 0,
             precompute_started: false,
+            summarizer_usage: None,
         }
     }
 

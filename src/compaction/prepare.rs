@@ -17,7 +17,7 @@ use crate::compaction::planner::plan::{
 };
 use crate::compaction::planner::rewrite::{apply_cleared, RewriteError, Splice};
 use crate::compaction::planner::structure::Layout;
-use crate::compaction::planner::tokens::TokenModel;
+use crate::compaction::planner::tokens::{CharCount, TokenModel};
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{fingerprint, Credentials, Scope};
 use crate::compaction::summaries::cache::{CacheKey, ScopedLookup};
@@ -135,6 +135,8 @@ pub(super) struct Job {
     /// A summary made ahead of need: what identifies its conversation's base (so one runs per
     /// conversation at a time).
     pub ahead_base: Option<CacheKey>,
+    /// The client's own summary prompt, in place of `summary_prompt`.
+    pub summary_prompt: Option<Arc<str>>,
 }
 
 impl Job {
@@ -174,6 +176,9 @@ pub(super) struct Ask<'r> {
     pub force: bool,
     pub api: Api,
     pub reactive: Option<Reactive>,
+    /// The client's own summary prompt for this request (a template with `{messages}`), in
+    /// place of `summary_prompt`.
+    pub summary_prompt: Option<&'r str>,
 }
 
 /// A client key's own compaction settings.
@@ -239,20 +244,21 @@ impl Planner {
     /// Input tokens one summarizer call may take: `trim_tokens_to_summarize` when set, else as
     /// much as the summarizer model's window holds besides the prompt and the summary, else a
     /// size every current model's window holds.
-    fn call_budget(&self, summarizer_model: &str) -> Option<u64> {
+    fn call_budget(&self, summarizer_model: &str, client_prompt: Option<&str>) -> Option<u64> {
         if let Some(budget) = self.config.trim_tokens_to_summarize {
             return Some(budget);
         }
-        let window = self
-            .windows
-            .token_model(Some(summarizer_model))
-            .max_input_tokens;
-        Some(match window {
-            Some(window) => window
-                .saturating_sub(self.config.summary_max_tokens + PROMPT_ALLOWANCE_TOKENS)
-                .max(MIN_CALL_BUDGET_TOKENS),
-            None => UNKNOWN_WINDOW_CALL_BUDGET_TOKENS,
-        })
+        let model = self.windows.token_model(Some(summarizer_model));
+        // A client's own prompt may be longer than the allowance made for compactor's.
+        let client_prompt_tokens =
+            client_prompt.map_or(0, |prompt| model.tokens(CharCount::of_str(prompt)));
+        let budget = match model.max_input_tokens {
+            Some(window) => window.saturating_sub(
+                self.config.summary_max_tokens + PROMPT_ALLOWANCE_TOKENS + client_prompt_tokens,
+            ),
+            None => UNKNOWN_WINDOW_CALL_BUDGET_TOKENS.saturating_sub(client_prompt_tokens),
+        };
+        Some(budget.max(MIN_CALL_BUDGET_TOKENS))
     }
 
     fn splice(
@@ -316,11 +322,17 @@ impl Planner {
             model,
             upstream,
             reason: ask.reactive.map(|_| Reason::Reactive),
+            summary_prompt: ask.summary_prompt,
         };
         let mut lookup = ScopedLookup::new(self.store.local(), || Scope {
             deployment: self.store.deployment(),
             tenant: ask.credentials.tenant(),
-            fingerprint: fingerprint(&self.config, &context.model, &context.upstream),
+            fingerprint: fingerprint(
+                &self.config,
+                context.summary_prompt,
+                &context.model,
+                &context.upstream,
+            ),
         });
         let mode = if ask.force { Mode::Force } else { Mode::Normal };
         let plan = match plan::analyse(&conversation, settings, &token_model, mode, &mut lookup) {
@@ -715,7 +727,7 @@ impl Planner {
             &plan.cleared,
             previous.as_ref().map(|p| p.text.as_str()),
             &InputSettings {
-                budget: self.call_budget(&context.model),
+                budget: self.call_budget(&context.model, context.summary_prompt),
                 oversize: self.config.oversize,
                 max_calls: self.config.max_summarizer_calls,
                 // Each call is sized in the summarizer model's own count (calibrated by its
@@ -745,6 +757,7 @@ impl Planner {
             fallbacks: Vec::new(),
             reason: context.reason,
             ahead_base: None,
+            summary_prompt: context.summary_prompt.map(Arc::from),
         })
     }
 }
@@ -760,6 +773,7 @@ struct Context<'c, 'a> {
     model: String,
     upstream: String,
     reason: Option<Reason>,
+    summary_prompt: Option<&'c str>,
 }
 
 fn forward(outcome: Outcome, window: Option<u64>) -> Prepared {

@@ -112,12 +112,18 @@ impl Credentials {
     }
 }
 
-/// Everything that changes what a summary says: summaries made differently never mix.
-pub fn fingerprint(config: &SummarizationConfig, model: &str, upstream: &str) -> [u8; 32] {
+/// Everything that changes what a summary says: summaries made differently never mix. A
+/// client's own prompt (`client_prompt`) stands in the place of `summary_prompt`.
+pub fn fingerprint(
+    config: &SummarizationConfig,
+    client_prompt: Option<&str>,
+    model: &str,
+    upstream: &str,
+) -> [u8; 32] {
     let description = serde_json::json!({
         "model": model,
         "upstream": upstream,
-        "prompt": config.summary_prompt,
+        "prompt": client_prompt.or(config.summary_prompt.as_deref()),
         "trim": config.trim_tokens_to_summarize,
         "oversize": config.oversize,
         "max_tokens": config.summary_max_tokens,
@@ -152,6 +158,22 @@ mod tests {
         assert_ne!(a.seed(), b.seed());
         assert_ne!(a.seed(), c.seed());
         assert_ne!(a.seed(), d.seed());
+    }
+
+    #[test]
+    fn a_clients_own_prompt_is_a_scope_of_its_own() {
+        let config = SummarizationConfig::default();
+        let plain = fingerprint(&config, None, "m", "u");
+        let asked = fingerprint(&config, Some("Only file names.\n\n{messages}"), "m", "u");
+        let other = fingerprint(&config, Some("Errors verbatim.\n\n{messages}"), "m", "u");
+        assert_ne!(plain, asked);
+        assert_ne!(asked, other);
+        // The client asking for the configured prompt shares its summaries.
+        let configured = SummarizationConfig {
+            summary_prompt: Some("Errors verbatim.\n\n{messages}".into()),
+            ..SummarizationConfig::default()
+        };
+        assert_eq!(fingerprint(&configured, None, "m", "u"), other);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! OpenAI's server-side compaction on `/v1/responses` (`context_management: [{type:
 //! "compaction", compact_threshold}]`), served for upstreams that lack it. The entry is taken
-//! out of the request; over its threshold (compactor's count) the input is compacted and the
-//! compacted request goes on, and the upstream's answer comes back with one `compaction` item
-//! first in its output, as OpenAI's does. The item stands for the whole input it replaced:
+//! out of the request; over its threshold (compactor's count), or without one when compactor's
+//! own triggers call for a summary, the input is compacted and the compacted request goes on,
+//! and the upstream's answer comes back with one `compaction` item first in its output, as
+//! OpenAI's does. The item stands for the whole input it replaced:
 //! sent back later, everything before it is dropped and it becomes that compacted input again.
 
 use bytes::Bytes;
@@ -19,7 +20,8 @@ use crate::error::ProxyError;
 pub enum Managed {
     /// No compaction entry: the body as it was handed in.
     Untouched,
-    /// The entry taken out; under its threshold (or with none), to forward as any request.
+    /// The entry taken out; under its threshold (or compactor's triggers), to forward as any
+    /// request.
     Stripped(Bytes),
     /// Over the threshold: the compacted request, and the item its answer starts with.
     Compacted {
@@ -40,18 +42,29 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
         return Ok(Managed::Untouched);
     };
     let stripped = Bytes::from(Value::Object(fields).to_string());
-    // Without a threshold the provider decides when; compactor's own triggers do here.
-    let Some(threshold) = entry.get("compact_threshold").and_then(Value::as_u64) else {
-        return Ok(Managed::Stripped(stripped));
+    let compacted = match entry.get("compact_threshold").and_then(Value::as_u64) {
+        Some(threshold) => {
+            let under = ask
+                .engine
+                .count(Api::Responses, &stripped)
+                .is_none_or(|tokens| tokens < threshold);
+            if under {
+                return Ok(Managed::Stripped(stripped));
+            }
+            super::compacted(ask, stripped.clone(), Api::Responses, None).await?
+        }
+        // Without a threshold the provider decides when: compactor's own triggers do here,
+        // and a summary they call for is the compaction the client gets.
+        None => {
+            let compacted = super::compacted_by_triggers(ask, stripped.clone()).await?;
+            match compacted.outcome.kind {
+                OutcomeKind::Summarized | OutcomeKind::Reused | OutcomeKind::Failed => compacted,
+                // Under the triggers, or only cleared or truncated: forwarded as any request,
+                // planned again there (with the retry after an overflow that path has).
+                _ => return Ok(Managed::Stripped(stripped)),
+            }
+        }
     };
-    let under = ask
-        .engine
-        .count(Api::Responses, &stripped)
-        .is_none_or(|tokens| tokens < threshold);
-    if under {
-        return Ok(Managed::Stripped(stripped));
-    }
-    let compacted = super::compacted(ask, stripped.clone(), Api::Responses).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {}

@@ -19,7 +19,8 @@ use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carr
 use crate::body::ProxyBody;
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
-use crate::compaction::{Outcome, OutcomeKind};
+use crate::compaction::summaries::summary_input;
+use crate::compaction::{Outcome, OutcomeKind, SummarizerUsage};
 use crate::error::ProxyError;
 use crate::sealing::{Sealer, PREFIX};
 
@@ -33,6 +34,8 @@ const DEFAULT_TRIGGER_TOKENS: u64 = 150_000;
 #[derive(Debug, Default)]
 pub struct Addition {
     pub block: Option<Value>,
+    /// The block's entry in `usage.iterations`, before the upstream's own sampling.
+    pub iteration: Option<Value>,
     pub applied: Vec<Value>,
 }
 
@@ -91,8 +94,8 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     let Some(edit) = compaction else {
         let body = Bytes::from(Value::Object(fields).to_string());
         let addition = Addition {
-            block: None,
             applied,
+            ..Addition::default()
         };
         return Ok(Served::Edited { body, addition });
     };
@@ -102,6 +105,12 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
         .filter(|_| edit.pointer("/trigger/type").and_then(Value::as_str) == Some("input_tokens"))
         .unwrap_or(DEFAULT_TRIGGER_TOKENS);
     let pause = edit.get("pause_after_compaction").and_then(Value::as_bool) == Some(true);
+    // Anthropic's `instructions` replace its default summarization prompt.
+    let summary_prompt = edit
+        .get("instructions")
+        .and_then(Value::as_str)
+        .filter(|instructions| !instructions.trim().is_empty())
+        .map(summary_input::client_template);
     let streamed = fields.get("stream").and_then(Value::as_bool) == Some(true);
     let model = fields
         .get("model")
@@ -116,14 +125,20 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
         addition: Addition {
-            block: None,
             applied,
+            ..Addition::default()
         },
     };
     if under {
         return Ok(edited(applied));
     }
-    let compacted = super::compacted(ask, stripped.clone(), Api::Messages).await?;
+    let compacted = super::compacted(
+        ask,
+        stripped.clone(),
+        Api::Messages,
+        summary_prompt.as_deref(),
+    )
+    .await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {}
@@ -132,6 +147,7 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     }
     let addition = Addition {
         block: Some(compaction_block(ask.sealer, &tenant, &compacted.body)?),
+        iteration: Some(compaction_iteration(&outcome)),
         applied,
     };
     if !pause {
@@ -180,7 +196,54 @@ pub fn splice_into_message(body: &[u8], addition: &Addition) -> Option<Bytes> {
     if let Some(management) = addition.context_management() {
         message.insert("context_management".into(), management);
     }
+    if let (Some(iteration), Some(usage)) = (&addition.iteration, message.get_mut("usage")) {
+        add_iteration(usage, iteration, None);
+    }
     Some(Bytes::from(Value::Object(message).to_string()))
+}
+
+/// The `usage.iterations` entry of a compaction compactor made: what its summarizer calls
+/// cost (nothing for a summary made before this request), never the size of what it closed.
+fn compaction_iteration(outcome: &Outcome) -> Value {
+    let cost = outcome.summarizer_usage.unwrap_or(SummarizerUsage {
+        input_tokens: 0,
+        output_tokens: 0,
+    });
+    json!({
+        "type": "compaction",
+        "input_tokens": cost.input_tokens,
+        "output_tokens": cost.output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    })
+}
+
+/// `usage` with the compaction's entry first in its iterations: before those the upstream
+/// reported, else before one `message` entry for the upstream's sampling (its usage, with
+/// what a stream's delta lacks taken from `started`, its `message_start` usage), which is
+/// the entry clients size their context from. The top-level counts stay the upstream's.
+fn add_iteration(usage: &mut Value, compaction: &Value, started: Option<&Value>) {
+    let Some(fields) = usage.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Array(iterations)) = fields.get_mut("iterations") {
+        iterations.insert(0, compaction.clone());
+        return;
+    }
+    let count = |name: &str| {
+        let reported = fields
+            .get(name)
+            .or_else(|| started.and_then(|s| s.get(name)));
+        reported.and_then(Value::as_u64).unwrap_or(0)
+    };
+    let message = json!({
+        "type": "message",
+        "input_tokens": count("input_tokens"),
+        "output_tokens": count("output_tokens"),
+        "cache_creation_input_tokens": count("cache_creation_input_tokens"),
+        "cache_read_input_tokens": count("cache_read_input_tokens"),
+    });
+    fields.insert("iterations".into(), json!([compaction, message]));
 }
 
 /// A streamed answer with the addition made: the block's three events right after
@@ -191,6 +254,9 @@ pub struct BlockSplice {
     /// Whether later blocks move up one (there is a block to put first).
     shift: bool,
     context_management: Option<Value>,
+    iteration: Option<Value>,
+    /// The usage `message_start` reported: the input counts a `message_delta` may leave out.
+    started: Option<Value>,
 }
 
 impl BlockSplice {
@@ -215,6 +281,8 @@ impl BlockSplice {
             shift: block_events.is_some(),
             block_events,
             context_management: addition.context_management(),
+            iteration: addition.iteration.clone(),
+            started: None,
         }
     }
 }
@@ -235,14 +303,23 @@ impl Splice for BlockSplice {
                 event.data["index"] = json!(index + 1);
                 write_event(out, event.name.as_deref(), &event.data);
             }
-            _ if event.kind == "message_delta" && self.context_management.is_some() => {
-                event.data["context_management"] =
-                    self.context_management.take().unwrap_or_default();
+            _ if event.kind == "message_delta"
+                && (self.context_management.is_some() || self.iteration.is_some()) =>
+            {
+                if let Some(management) = self.context_management.take() {
+                    event.data["context_management"] = management;
+                }
+                if let (Some(iteration), Some(usage)) =
+                    (self.iteration.take(), event.data.get_mut("usage"))
+                {
+                    add_iteration(usage, &iteration, self.started.as_ref());
+                }
                 write_event(out, event.name.as_deref(), &event.data);
             }
             _ => {
                 out.extend_from_slice(event.raw);
                 if event.kind == "message_start" {
+                    self.started = event.data.pointer("/message/usage").cloned();
                     if let Some(block) = self.block_events.take() {
                         out.extend_from_slice(&block);
                     }
@@ -291,13 +368,10 @@ fn paused_answer(
 ) -> Bytes {
     let block = addition.block.clone().unwrap_or_default();
     let management = addition.context_management();
-    let iteration = json!({
-        "type": "compaction",
-        "input_tokens": outcome.tokens_before,
-        "output_tokens": 0,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-    });
+    let iteration = addition
+        .iteration
+        .clone()
+        .unwrap_or_else(|| compaction_iteration(outcome));
     let usage = json!({
         "input_tokens": outcome.tokens_after,
         "output_tokens": 0,
@@ -504,12 +578,12 @@ mod tests {
         );
     }
 
-    const UPSTREAM: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\"}}\n\n\
+    const UPSTREAM: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":40,\"cache_read_input_tokens\":7,\"output_tokens\":1}}}\n\n\
 event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
 event: ping\ndata: {\"type\": \"ping\"}\n\n\
 event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi \\u00e9\"}}\n\n\
 event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
-event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":12}}\n\n\
 event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
     fn events(text: &str) -> Vec<Value> {
@@ -524,8 +598,10 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         let block =
             json!({"type": "compaction", "content": "S", "encrypted_content": "compactor.v1.x"});
         let applied = json!({"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": 9});
+        let iteration = json!({"type": "compaction", "input_tokens": 300, "output_tokens": 30});
         let block = Addition {
             block: Some(block),
+            iteration: Some(iteration.clone()),
             applied: vec![applied.clone()],
         };
         let mut whole = Events::new(BlockSplice::new(&block));
@@ -562,6 +638,15 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             got[8]["context_management"]["applied_edits"],
             json!([applied])
         );
+        // The compaction's cost first, then the upstream's sampling, its input counts from
+        // `message_start` (the delta carries only its output); the top-level counts stay.
+        assert_eq!(
+            got[8]["usage"],
+            json!({"output_tokens": 12, "iterations": [iteration, {
+                "type": "message", "input_tokens": 40, "output_tokens": 12,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 7,
+            }]})
+        );
         // Events that are not content blocks keep their bytes.
         assert!(expected.contains("event: ping\ndata: {\"type\": \"ping\"}\n\n"));
         for cut in 1..UPSTREAM.len() {
@@ -587,10 +672,11 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     #[test]
     fn the_block_goes_first_in_a_whole_message() {
         let block = json!({"type": "compaction", "content": "S"});
-        let answer =
-            br#"{"id":"m","content":[{"type":"text","text":"a"}],"stop_reason":"end_turn"}"#;
+        let answer = br#"{"id":"m","content":[{"type":"text","text":"a"}],"stop_reason":"end_turn","usage":{"input_tokens":40,"output_tokens":5}}"#;
+        let iteration = json!({"type": "compaction", "input_tokens": 300, "output_tokens": 30});
         let addition = Addition {
             block: Some(block.clone()),
+            iteration: Some(iteration.clone()),
             applied: Vec::new(),
         };
         let out = splice_into_message(answer, &addition).unwrap();
@@ -598,11 +684,29 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         assert_eq!(message["content"][0], block);
         assert_eq!(message["content"][1]["text"], "a");
         assert!(message.get("context_management").is_none());
+        assert_eq!(message["usage"]["input_tokens"], 40);
+        assert_eq!(message["usage"]["iterations"][0], iteration);
+        assert_eq!(
+            message["usage"]["iterations"][1],
+            json!({"type": "message", "input_tokens": 40, "output_tokens": 5,
+                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+        );
+        // Iterations the upstream reported itself keep theirs, after the compaction's.
+        let looped = br#"{"content":[],"usage":{"input_tokens":9,"output_tokens":1,"iterations":[{"type":"message","input_tokens":9,"output_tokens":1}]}}"#;
+        let message: Value =
+            serde_json::from_slice(&splice_into_message(looped, &addition).unwrap()).unwrap();
+        let kinds: Vec<&Value> = message["usage"]["iterations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| &i["type"])
+            .collect();
+        assert_eq!(kinds, [&json!("compaction"), &json!("message")]);
         assert!(splice_into_message(b"not json", &addition).is_none());
         // Only edits: the content stays, the report is added.
         let edits = Addition {
-            block: None,
             applied: vec![json!({"type": "clear_thinking_20251015"})],
+            ..Addition::default()
         };
         let message: Value =
             serde_json::from_slice(&splice_into_message(answer, &edits).unwrap()).unwrap();
@@ -616,8 +720,8 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     #[test]
     fn with_only_edits_applied_no_block_index_moves() {
         let edits = Addition {
-            block: None,
             applied: vec![json!({"type": "clear_thinking_20251015"})],
+            ..Addition::default()
         };
         let out = Events::new(BlockSplice::new(&edits)).feed(UPSTREAM.as_bytes());
         let got = events(std::str::from_utf8(&out).unwrap());

@@ -157,7 +157,7 @@ struct Compaction {
 /// the planner, summarizer, cache and budget every request uses.
 async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyError> {
     let original = input_items(&body);
-    let compacted = compacted(ask, body, Api::Responses).await?;
+    let compacted = compacted(ask, body, Api::Responses, None).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {
@@ -196,16 +196,40 @@ async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyE
     }
 }
 
-/// `body` compacted as if `x-compactor: force` were sent: the client asked for it.
-async fn compacted(ask: &Ask<'_>, body: Bytes, api: Api) -> Result<Compacted, ProxyError> {
+/// `body` compacted as if `x-compactor: force` were sent: the client asked for it. With
+/// `summary_prompt` (a template), the summary is written to the client's own prompt.
+async fn compacted(
+    ask: &Ask<'_>,
+    body: Bytes,
+    api: Api,
+    summary_prompt: Option<&str>,
+) -> Result<Compacted, ProxyError> {
     let mut forced = ask.headers.clone();
     forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
     let caller = Caller {
         may_force: true,
         ..ask.caller
     };
+    let compacted = match summary_prompt {
+        Some(prompt) => {
+            ask.engine
+                .compact_with_prompt(&forced, body, ask.upstream, caller, api, prompt)
+                .await
+        }
+        None => {
+            ask.engine
+                .compact(&forced, body, ask.upstream, caller, api)
+                .await
+        }
+    };
+    compacted.map_err(|refused| failed(refused.outcome.reason))
+}
+
+/// `body` compacted as any request is, by compactor's own triggers; a request it cannot
+/// compact is refused as the client's own compaction would be.
+async fn compacted_by_triggers(ask: &Ask<'_>, body: Bytes) -> Result<Compacted, ProxyError> {
     ask.engine
-        .compact(&forced, body, ask.upstream, caller, api)
+        .compact(ask.headers, body, ask.upstream, ask.caller, Api::Responses)
         .await
         .map_err(|refused| failed(refused.outcome.reason))
 }

@@ -226,7 +226,11 @@ def test_a_paused_compaction_is_answered_in_anthropics_shape_streamed_or_not(pro
     (block,) = body["content"]
     assert block["type"] == "compaction" and block["content"]
     assert block["encrypted_content"].startswith("compactor.v1.")
-    assert body["usage"]["iterations"][0]["type"] == "compaction"
+    (iteration,) = body["usage"]["iterations"]
+    assert iteration["type"] == "compaction"
+    # The entry is what the summarizer calls cost: something when one ran for this request.
+    summarized = raw.headers["x-compactor-compaction"] == "summarized"
+    assert (iteration["input_tokens"] > 0) == summarized
 
     with claude(proxy).beta.messages.stream(
         model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(True)
@@ -254,6 +258,12 @@ def test_without_pause_the_upstreams_answer_comes_with_the_block_first_streamed_
     BetaMessage.model_validate(body, strict=True)
     assert [block["type"] for block in body["content"]] == ["compaction", "text"]
     assert body["stop_reason"] == "end_turn"
+    # The compaction's cost, then the upstream's sampling, which clients size their context
+    # from; the top-level counts stay the upstream's.
+    usage = body["usage"]
+    compaction, sampling = usage["iterations"]
+    assert compaction["type"] == "compaction" and sampling["type"] == "message"
+    assert (sampling["input_tokens"], sampling["output_tokens"]) == (usage["input_tokens"], usage["output_tokens"])
 
     with claude(proxy).beta.messages.stream(
         model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=edit(False)
@@ -261,6 +271,9 @@ def test_without_pause_the_upstreams_answer_comes_with_the_block_first_streamed_
         final = stream.get_final_message()
     assert [block.type for block in final.content] == ["compaction", "text"]
     assert final.content[1].text == body["content"][1]["text"]
+    assert [entry.type for entry in final.usage.iterations] == ["compaction", "message"]
+    assert final.usage.iterations[1].input_tokens == final.usage.input_tokens > 0
+    assert final.usage.iterations[1].output_tokens == final.usage.output_tokens
 
     # The answer, block included, goes back as the assistant turn.
     turn = [block.model_dump(exclude_none=True) for block in final.content]
@@ -269,6 +282,30 @@ def test_without_pause_the_upstreams_answer_comes_with_the_block_first_streamed_
         model=CLAUDE, max_tokens=100, tools=TOOLS, messages=next_turn, betas=BETAS, context_management=edit(False, 10**6)
     )
     assert answer.content  # the upstream, which refuses the block, accepted what it carries
+
+
+def test_the_edits_instructions_write_the_summary(proxy):
+    """`instructions` replace the summarization prompt: the summarizer writes to them (the
+    mock's summary is a digest of its prompt), and a summary written to other instructions is
+    never reused for them."""
+    run = agent_run(5)
+
+    def summary(instructions=None):
+        management = edit(True)
+        if instructions:
+            management["edits"][0]["instructions"] = instructions
+        raw = claude(proxy).beta.messages.with_raw_response.create(
+            model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=management
+        )
+        BetaMessage.model_validate(raw.http_response.json(), strict=True)
+        return raw.headers["x-compactor-compaction"], raw.http_response.json()["content"][0]["content"]
+
+    _, default = summary()
+    files = summary("List only the file names the agent touched.")
+    assert files[0] == "summarized" and files[1] != default
+    assert summary("List only the file names the agent touched.") == ("reused", files[1])
+    errors = summary("Keep every error message verbatim.")
+    assert errors[0] == "summarized" and errors[1] not in (default, files[1])
 
 
 def test_under_the_trigger_the_edit_is_taken_out_and_the_request_goes_on(proxy):
@@ -305,6 +342,22 @@ def test_server_side_compaction_puts_one_item_first_in_the_answer_streamed_or_no
     next_turn = items + body["output"] + [{"role": "user", "content": "go on"}]
     again = client(proxy).responses.create(model=MODEL, input=next_turn, context_management=[{"type": "compaction", "compact_threshold": 10**6}])
     assert again.output_text
+
+
+def test_without_a_threshold_compactors_triggers_decide_and_the_item_follows(proxy):
+    """No `compact_threshold`: the provider would decide when; compactor's own triggers do
+    (8 messages here), and the summary they call for is the item the client gets."""
+    management = [{"type": "compaction"}]
+    raw = client(proxy).responses.with_raw_response.create(model=MODEL, input=history("untriggered"), context_management=management)
+    assert raw.headers["x-compactor-compaction"] in ("summarized", "reused")
+    output = raw.http_response.json()["output"]
+    assert output[0]["type"] == "compaction" and len(compaction_items(output)) == 1
+
+    short = [{"role": "user", "content": "hello"}]
+    raw = client(proxy).responses.with_raw_response.create(model=MODEL, input=short, context_management=management)
+    assert raw.headers["x-compactor-compaction"] == "skipped"
+    assert compaction_items(raw.http_response.json()["output"]) == []
+    assert raw.parse().output_text  # the upstream, which refuses the parameter, never saw it
 
 
 def test_context_editing_is_applied_for_an_upstream_without_it_and_reported(proxy):

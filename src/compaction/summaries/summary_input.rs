@@ -401,6 +401,16 @@ pub fn render_prompt(template: Option<&str>, previous: Option<&str>, transcript:
         .replace("{messages}", &block)
 }
 
+/// A client's own summarization instructions as a prompt template: as they are when they
+/// place the transcript themselves (`{messages}`), else with the transcript after them.
+pub fn client_template(instructions: &str) -> String {
+    if instructions.contains("{messages}") {
+        instructions.to_string()
+    } else {
+        format!("{instructions}\n\n{{messages}}")
+    }
+}
+
 /// Wraps `text` between markers that cannot occur in it: the marker carries a digest of the
 /// text, and is re-derived in the (practically impossible) case the text contains it.
 pub fn fence(label: &str, text: &str) -> String {
@@ -1090,5 +1100,17 @@ mod tests {
         assert!(prompt.starts_with("Summarize:\n"));
         assert!(prompt.contains("old summary") && prompt.contains("User: hi"));
         assert!(!prompt.contains("{messages}"));
+    }
+
+    #[test]
+    fn a_clients_instructions_come_first_and_the_transcript_after_them() {
+        let prompt = render_prompt(Some(&client_template("Only file names.")), None, "User: hi");
+        assert!(prompt.starts_with("Only file names.\n\n"));
+        assert!(prompt.contains("User: hi"));
+        // Instructions that place the transcript themselves are kept as they are.
+        let placed = client_template("Before\n{messages}\nAfter");
+        assert_eq!(placed, "Before\n{messages}\nAfter");
+        let prompt = render_prompt(Some(&placed), None, "User: hi");
+        assert!(prompt.ends_with("\nAfter") && prompt.contains("User: hi"));
     }
 }
