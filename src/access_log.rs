@@ -110,8 +110,9 @@ impl LoggedBody {
 fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'static str) {
     // Health and readiness probes arrive every few seconds from every orchestrator: answered
     // well, they would drown the lines an operator reads, so they log at debug (as nginx
-    // users turn `access_log off` for them). A refused probe still logs at info.
-    if log.route == Route::Local && log.status < 400 {
+    // users turn `access_log off` for them). A refused probe still logs at info, and so does
+    // a compaction compactor answered itself (a served compact call or trigger).
+    if log.route == Route::Local && log.status < 400 && log.compaction.is_none() {
         tracing::debug!(
             target: "compactor::access",
             method = %log.method, path = log.uri.path(), status = log.status,

@@ -242,23 +242,25 @@ fn is_instruction(item: &Value) -> bool {
 }
 
 /// Answers `POST /responses/compact`: OpenAI's `response.compaction` object, whose output is
-/// the new history: the head, one compaction item in the summary's place, the kept tail.
+/// the new history: the head, the kept user turns, and one compaction item carrying the
+/// summary and the rest of the kept tail.
 pub async fn compact(ask: &Ask<'_>, body: &[u8]) -> Result<(Bytes, Outcome), ProxyError> {
     let tenant = ask.tenant();
     let request = CompactRequest::read(body)?;
     let expanded = expand(&request.body, ask.sealer, &tenant)?.unwrap_or(request.body.clone());
     let compaction = compact_forced(ask, expanded).await?;
-    let item = compaction_item(ask.sealer, &tenant, &compaction.summary, Vec::new())?;
+    // As OpenAI's: the messages a client keeps as they are (its instructions and user turns),
+    // then the one item. Codex keeps only messages and compaction items of this output, so
+    // the rest of the kept tail (tool calls, their outputs, reasoning, answers) travels in the
+    // item, in its order, and expands after the summary.
+    let (visible, carried): (Vec<Value>, Vec<Value>) =
+        compaction.tail.into_iter().partition(|item| {
+            is_instruction(item) || item.get("role").and_then(Value::as_str) == Some("user")
+        });
+    let item = compaction_item(ask.sealer, &tenant, &compaction.summary, carried)?;
     let mut output = compaction.head;
-    if compaction.summary.is_empty() {
-        // Nothing was worth a summary: the items as they came, and the one item the contract
-        // promises, which expands to nothing.
-        output.extend(compaction.tail);
-        output.push(item);
-    } else {
-        output.push(item);
-        output.extend(compaction.tail);
-    }
+    output.extend(visible);
+    output.push(item);
     let created_at = now();
     let response = json!({
         "id": format!("resp_{}", hex_digest(&[request.body.as_ref(), &created_at.to_le_bytes()])),

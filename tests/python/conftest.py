@@ -39,8 +39,9 @@ class Process:
             self.proc.kill()
 
 
-def start_compactor(upstream_url, summarization="", extra=""):
-    """Starts compactor in front of `upstream_url`; `extra` adds upstreams, `summarization` a block."""
+def start_compactor(upstream_url, summarization="", extra="", log_level="warn"):
+    """Starts compactor in front of `upstream_url`; `extra` adds upstreams, `summarization` a
+    block; its log (`log_level` and up) is kept in `process.log`."""
     config = (
         textwrap.dedent(
             f"""\
@@ -56,7 +57,7 @@ def start_compactor(upstream_url, summarization="", extra=""):
     handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     handle.write(config)
     handle.close()
-    process = Process([str(BIN_DIR / "compactor"), "--config", handle.name], env={"RUST_LOG": "warn"})
+    process = Process([str(BIN_DIR / "compactor"), "--config", handle.name], env={"RUST_LOG": log_level})
     process.config_path = handle.name
     return process
 
@@ -87,7 +88,7 @@ def summarizer():
     process.stop()
 
 
-def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams="", top_level=""):
+def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams="", top_level="", log_level="warn"):
     """compactor with compaction on (`trigger` as YAML), `keep` messages kept, summaries from
     `summarizer`; `upstreams` adds upstream entries before the summarizer's, `top_level` more
     top-level keys."""
@@ -107,7 +108,7 @@ def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tok
           summary_max_tokens: {summary_max_tokens}
         """
     ).format(trigger=trigger, keep=keep, summary_max_tokens=summary_max_tokens)
-    return start_compactor(mock_upstream.url, summarization=summarization + top_level, extra=extra)
+    return start_compactor(mock_upstream.url, summarization=summarization + top_level, extra=extra, log_level=log_level)
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,21 @@ import pytest
 
 from conftest import BIN_DIR, ROOT, Process, start_compacting
 
-AGENTS = ROOT / "tests" / "agents" / "node_modules" / ".bin"
+AGENTS = ROOT / "tests" / "agents" / "node_modules"
+# Each CLI by its package's own entry point: two Codex versions are installed, and npm links
+# only one of them as `.bin/codex`.
+CLIS = {
+    "claude": "@anthropic-ai/claude-code/bin/claude.exe",
+    "codex": "@openai/codex/bin/codex.js",
+    # The last Codex whose remote compaction v1 (`POST /responses/compact`) can be chosen.
+    "codex-v1": "codex-remote-compaction-v1/bin/codex.js",
+}
 STEPS = 30
 CLI_TIMEOUT_S = 300
 
 
 def cli(name):
-    path = AGENTS / name
+    path = AGENTS / CLIS[name]
     if not path.exists():
         pytest.fail(f"{path} is missing: scripts/test.sh installs the agent CLIs (npm ci in tests/agents)")
     return str(path)
@@ -203,21 +211,34 @@ def plain_agent_upstream(workspace):
     process.stop()
 
 
-def test_codex_remote_compaction_is_served_for_an_upstream_without_it(plain_agent_upstream, summarizer, workspace):
-    """Codex's built-in provider compacts remotely (a `/responses` request ending with a
-    `compaction_trigger` item, which must answer exactly one compaction item) once its context
-    passes `model_auto_compact_token_limit`. Against an upstream without the contract it stops
-    with "expected exactly one compaction output item"; through compactor with sealing keys it
-    runs to the end, and every later turn carries the item, expanded before the upstream."""
+@pytest.mark.parametrize(
+    "codex, flags, compact_calls",
+    [
+        # Codex 0.171: a `/responses` request ending with a `compaction_trigger` item.
+        ("codex", [], 0),
+        # Codex 0.150 with v2 off: `POST /responses/compact`, whose output replaces the history.
+        ("codex-v1", ["--disable", "remote_compaction_v2"], 1),
+    ],
+    ids=["v2-trigger", "v1-compact-endpoint"],
+)
+def test_codex_remote_compaction_is_served_for_an_upstream_without_it(
+    plain_agent_upstream, summarizer, workspace, codex, flags, compact_calls
+):
+    """Codex's built-in provider compacts remotely once its context passes
+    `model_auto_compact_token_limit`: v2 with a trigger item, which must be answered with exactly
+    one compaction item, v1 with a compact call. Against an upstream without the contract it
+    stops ("expected exactly one compaction output item", or the compact call's 404); through
+    compactor with sealing keys it runs to the end, and every later turn carries the item,
+    expanded before the upstream."""
     sealing = "sealing:\n  keys: ['a sealing key, 16 bytes or more']\n"
     gateway = start_compacting(
-        plain_agent_upstream, summarizer, "[{type: tokens, value: 60000}]", keep=6, top_level=sealing
+        plain_agent_upstream, summarizer, "[{type: tokens, value: 60000}]", keep=6, top_level=sealing, log_level="info"
     )
     try:
         served_before = metric_total(gateway, "compactor_requests_total", route="local", status="200")
         counts = Counts(gateway, plain_agent_upstream)
         out = run(
-            [cli("codex"), "exec", "-c", f"openai_base_url={gateway.url}/v1", "-c", "model_auto_compact_token_limit=40000",
+            [cli(codex), *flags, "exec", "-c", f"openai_base_url={gateway.url}/v1", "-c", "model_auto_compact_token_limit=40000",
              "Investigate the notes and report what you find."],
             workspace,
             {"CODEX_API_KEY": "sk-test"},
@@ -227,6 +248,9 @@ def test_codex_remote_compaction_is_served_for_an_upstream_without_it(plain_agen
         assert moved["rejections"] == 0, f"the upstream refused a request: {moved['last_rejection']}"
         served = metric_total(gateway, "compactor_requests_total", route="local", status="200") - served_before
         assert served >= 2, served
+        gateway.log.seek(0)
+        compacts = gateway.log.read().count('path="/v1/responses/compact"')
+        assert (compacts >= compact_calls) and (compacts == 0) == (compact_calls == 0), compacts
     finally:
         gateway.stop()
 

@@ -90,9 +90,11 @@ def test_compact_answers_in_openais_shape_with_exactly_one_compaction_item(proxy
     # The summary is sealed: nothing of it is readable in the item.
     assert item["encrypted_content"].startswith("compactor.v1.")
     assert "task" not in item["encrypted_content"]
-    # The developer item and the kept tail are the client's own items.
+    # As OpenAI's: the client's own messages (the developer item, the kept user turns), then the
+    # one item, which carries the rest of the kept tail (Codex keeps only messages and the item).
     assert raw["output"][0] == {"role": "developer", "content": "Work carefully."}
-    assert raw["output"][-1] == history("shape-raw")[-1]
+    assert raw["output"][-1] is item
+    assert all(i.get("role") in ("developer", "user") for i in raw["output"][:-1])
     assert len(raw["output"]) < len(history("shape-raw"))
 
 
