@@ -312,7 +312,7 @@ pub fn response_reply(
                "output": output, "parallel_tool_calls": false, "tool_choice": "auto", "tools": [],
                "usage": usage, "metadata": {}})
     };
-    let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+    let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                        "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 0},
                        "total_tokens": input_tokens + 40});
     let done = response("completed", json!(items), usage);

@@ -953,7 +953,7 @@ fn response_json(id: &str, model: &str, text: &str, status: &str) -> Value {
         "store": false, "temperature": 1.0, "text": {"format": {"type": "text"}},
         "tool_choice": "auto", "tools": [], "top_p": 1.0, "truncation": "disabled",
         "usage": if status == "completed" {
-            json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+            json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                    "output_tokens": (text.len() / 4).max(1), "output_tokens_details": {"reasoning_tokens": 0},
                    "total_tokens": 10 + (text.len() / 4).max(1)})
         } else {
