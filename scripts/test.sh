@@ -33,6 +33,16 @@ if [ "$(cat "$agents_stamp" 2>/dev/null)" != "$agents_want" ]; then
   (cd "$agents" && npm ci --no-audit --no-fund --loglevel=error)
   echo "$agents_want" > "$agents_stamp"
 fi
+# The Codex CLI with remote compaction v1, in its own folder: npm cannot install two versions of
+# one package side by side, and its lock records only this platform's binary (npm leaves out
+# the other platforms' aliased optional packages), so `npm install` (not `ci`) reads it.
+codex_v1="$agents/codex-v1"
+codex_v1_stamp="$codex_v1/node_modules/.lock.sha256"
+codex_v1_want=$(sha256sum "$codex_v1/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$codex_v1_stamp" 2>/dev/null)" != "$codex_v1_want" ]; then
+  (cd "$codex_v1" && npm install --no-audit --no-fund --loglevel=error)
+  echo "$codex_v1_want" > "$codex_v1_stamp"
+fi
 
 cargo test --locked --workspace
 cargo build --locked --workspace --bins

@@ -54,8 +54,11 @@ pub enum ProxyError {
     UpstreamTimeout { upstream: String, secs: f64 },
     #[error("compaction failed and fail_mode is closed: {0}")]
     CompactionFailed(String),
-    #[error("{0}")]
-    ContextTooLarge(String),
+    /// Over the model's window after every compaction stage (`fail_mode: closed`, or a stream
+    /// a server would answer with an empty 200): worded as the providers word it, so clients
+    /// that compact on a context error (Codex by its code, Claude Code by its message) do.
+    #[error("This model's maximum context length is {window} tokens. However, your request resulted in {tokens} tokens (compactor's count, after every compaction stage). Please reduce the length of the messages.")]
+    ContextTooLarge { tokens: u64, window: u64 },
     #[error("a compaction item's encrypted_content was sealed by compactor but does not open for this client: it was altered, made for another tenant, or sealed under a key no longer in sealing.keys")]
     SealedItemRefused,
     #[error("{0}")]
@@ -83,7 +86,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::CompactionFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::ContextTooLarge(_) => StatusCode::BAD_REQUEST,
+            ProxyError::ContextTooLarge { .. } => StatusCode::BAD_REQUEST,
             ProxyError::SealedItemRefused => StatusCode::BAD_REQUEST,
             ProxyError::NativeCompactionFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -105,7 +108,7 @@ impl ProxyError {
             | ProxyError::ModelNotAllowed(_)
             | ProxyError::ModelUnclear(_)
             | ProxyError::NoUpstream(_)
-            | ProxyError::ContextTooLarge(_)
+            | ProxyError::ContextTooLarge { .. }
             | ProxyError::SealedItemRefused => Fault::Client,
             ProxyError::Overloaded(_) => Fault::Internal,
             ProxyError::UpstreamUnreachable { .. }
@@ -148,10 +151,21 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::CompactionFailed(_) => "compaction_failed",
-            ProxyError::ContextTooLarge(_) => "context_too_large",
+            ProxyError::ContextTooLarge { .. } => "context_length_exceeded",
             ProxyError::SealedItemRefused => "invalid_compaction_item",
             ProxyError::NativeCompactionFailed(_) => "compaction_failed",
             ProxyError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// The message in Anthropic's words where a client reads it: Claude Code parses "prompt is
+    /// too long: N tokens > M maximum" to compact.
+    fn anthropic_message(&self) -> String {
+        match self {
+            ProxyError::ContextTooLarge { tokens, window } => {
+                format!("prompt is too long: {tokens} tokens > {window} maximum")
+            }
+            error => error.to_string(),
         }
     }
 
@@ -179,7 +193,7 @@ impl ProxyError {
             ),
             ErrorShape::Anthropic => anthropic_error_response(
                 self.status(),
-                &self.to_string(),
+                &self.anthropic_message(),
                 self.anthropic_type(),
                 self.code(),
             ),

@@ -717,8 +717,8 @@ async fn relay_upgrade(
 /// The error a client gets when `fail_mode: closed` refuses a request compaction could not fix.
 fn refused_error(failure: CompactionFailure) -> ProxyError {
     match failure {
-        CompactionFailure::ContextTooLarge { .. } => {
-            ProxyError::ContextTooLarge(failure.to_string())
+        CompactionFailure::ContextTooLarge { tokens, window } => {
+            ProxyError::ContextTooLarge { tokens, window }
         }
         failure => ProxyError::CompactionFailed(failure.to_string()),
     }

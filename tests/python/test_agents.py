@@ -18,14 +18,12 @@ import pytest
 
 from conftest import BIN_DIR, ROOT, Process, start_compacting
 
-AGENTS = ROOT / "tests" / "agents" / "node_modules"
-# Each CLI by its package's own entry point: two Codex versions are installed, and npm links
-# only one of them as `.bin/codex`.
+AGENTS = ROOT / "tests" / "agents"
 CLIS = {
-    "claude": "@anthropic-ai/claude-code/bin/claude.exe",
-    "codex": "@openai/codex/bin/codex.js",
+    "claude": "node_modules/.bin/claude",
+    "codex": "node_modules/.bin/codex",
     # The last Codex whose remote compaction v1 (`POST /responses/compact`) can be chosen.
-    "codex-v1": "codex-remote-compaction-v1/bin/codex.js",
+    "codex-v1": "codex-v1/node_modules/.bin/codex",
 }
 STEPS = 30
 CLI_TIMEOUT_S = 300
@@ -34,7 +32,7 @@ CLI_TIMEOUT_S = 300
 def cli(name):
     path = AGENTS / CLIS[name]
     if not path.exists():
-        pytest.fail(f"{path} is missing: scripts/test.sh installs the agent CLIs (npm ci in tests/agents)")
+        pytest.fail(f"{path} is missing: scripts/test.sh installs the agent CLIs (npm in tests/agents)")
     return str(path)
 
 

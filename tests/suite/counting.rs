@@ -416,7 +416,10 @@ async fn every_class_is_compacted_before_a_tokenizers_window_with_no_refusal() {
     assert!(real > 4_000, "over the window: {real}");
     let response = send(&stack, &huge, true).await;
     assert_eq!(response.status, 400, "{real} {:?}", response.headers);
-    assert_eq!(header(&response, "x-compactor-error"), "context_too_large");
+    assert_eq!(
+        header(&response, "x-compactor-error"),
+        "context_length_exceeded"
+    );
     assert_eq!(stack.chat.chat_calls(), calls, "never forwarded");
     assert_eq!(stack.chat.window_refusals(), 0);
 }

@@ -364,20 +364,52 @@ async fn truncating_a_long_agent_run_keeps_its_one_user_message_and_whole_tool_g
 
 #[tokio::test]
 async fn fail_closed_refuses_what_cannot_fit_with_the_numbers() {
-    let stack = windowed(1_000_000, "  fail_mode: closed\n", SMALL_WINDOW_MODEL).await;
+    let models = "models:\n  - match: \"local-model\"\n    max_input_tokens: 2500\n  - match: \"claude-sonnet-4-5\"\n    max_input_tokens: 2500\n";
+    let stack = windowed(1_000_000, "  fail_mode: closed\n", models).await;
     let body = json!({"model": "local-model", "messages": [
         {"role": "user", "content": "word ".repeat(4_000)},
     ]});
     let response = post(&stack.proxy, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(response.status, 400, "{}", response.text());
+    // OpenAI's code, which clients (Codex, the Agents SDK) compact on.
     let error = &response.json()["error"];
-    assert_eq!(error["code"], "context_too_large");
+    assert_eq!(error["code"], "context_length_exceeded");
     assert_eq!(error["type"], "invalid_request_error");
     let message = error["message"].as_str().unwrap();
-    assert!(message.contains("2500"), "{message}");
-    assert_eq!(response.headers["x-compactor-error"], "context_too_large");
+    assert!(
+        message.starts_with("This model's maximum context length is 2500 tokens."),
+        "{message}"
+    );
+    assert_eq!(
+        response.headers["x-compactor-error"],
+        "context_length_exceeded"
+    );
     assert!(
         stack.chat.requests().is_empty(),
+        "never sent to fail upstream"
+    );
+
+    // Anthropic's words on the Messages API, which Claude Code parses for both numbers.
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "word ".repeat(4_000)},
+    ]});
+    let response = post(&stack.proxy, "/v1/messages", &body, &[]).await;
+    assert_eq!(response.status, 400, "{}", response.text());
+    let answer = response.json();
+    assert_eq!(answer["type"], "error");
+    assert_eq!(answer["error"]["type"], "invalid_request_error");
+    let message = answer["error"]["message"].as_str().unwrap();
+    let numbers: Vec<&str> = message
+        .strip_prefix("prompt is too long: ")
+        .and_then(|rest| rest.strip_suffix(" maximum"))
+        .map(|rest| rest.split(" tokens > ").collect())
+        .unwrap_or_default();
+    assert_eq!(numbers.len(), 2, "{message}");
+    assert!(numbers[0].parse::<u64>().unwrap() > 2500, "{message}");
+    // What the window leaves for the input once the answer's `max_tokens` is set aside.
+    assert_eq!(numbers[1], "2400", "{message}");
+    assert!(
+        stack.claude.requests().is_empty(),
         "never sent to fail upstream"
     );
 
