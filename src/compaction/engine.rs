@@ -306,27 +306,9 @@ impl CompactionEngine {
             .await
     }
 
-    /// As [`CompactionEngine::compact`], with the summary written to the client's own prompt (a
-    /// template holding `{messages}`) in place of `summary_prompt`.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn compact_with_prompt(
-        &self,
-        headers: &HeaderMap,
-        body: Bytes,
-        upstream: &str,
-        caller: Caller<'_>,
-        api: Api,
-        summary_prompt: &str,
-    ) -> Result<Compacted, CompactionRefused> {
-        let asked = Asked {
-            reactive: None,
-            summary_prompt: Some(summary_prompt),
-        };
-        self.compact_as(headers, body, upstream, caller, api, asked)
-            .await
-    }
-
-    async fn compact_as(
+    /// As [`CompactionEngine::compact`], with what the request asks besides its body (a
+    /// summary prompt of its own).
+    pub async fn compact_as(
         &self,
         headers: &HeaderMap,
         body: Bytes,
@@ -800,9 +782,20 @@ impl CompactionEngine {
 
 /// What a request asks besides its body: a retry after an overflow, a prompt of its own.
 #[derive(Clone, Copy, Default)]
-struct Asked<'p> {
+pub struct Asked<'p> {
     reactive: Option<Reactive>,
     summary_prompt: Option<&'p str>,
+}
+
+impl<'p> Asked<'p> {
+    /// The summary written to the client's own prompt (a template holding `{messages}`) in
+    /// place of `summary_prompt`.
+    pub fn summary_prompt(summary_prompt: Option<&'p str>) -> Asked<'p> {
+        Asked {
+            reactive: None,
+            summary_prompt,
+        }
+    }
 }
 
 /// One summarizer run, owned, for the single flight that makes it.

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::compaction::engine::{Compacted, CompactionEngine};
+use crate::compaction::engine::{Asked, Compacted, CompactionEngine};
 use crate::compaction::front_ends::responses::{input_item_spans, summary_item};
 use crate::compaction::front_ends::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
@@ -210,19 +210,11 @@ async fn compacted(
         may_force: true,
         ..ask.caller
     };
-    let compacted = match summary_prompt {
-        Some(prompt) => {
-            ask.engine
-                .compact_with_prompt(&forced, body, ask.upstream, caller, api, prompt)
-                .await
-        }
-        None => {
-            ask.engine
-                .compact(&forced, body, ask.upstream, caller, api)
-                .await
-        }
-    };
-    compacted.map_err(|refused| failed(refused.outcome.reason))
+    let asked = Asked::summary_prompt(summary_prompt);
+    ask.engine
+        .compact_as(&forced, body, ask.upstream, caller, api, asked)
+        .await
+        .map_err(|refused| failed(refused.outcome.reason))
 }
 
 /// `body` compacted as any request is, by compactor's own triggers; a request it cannot
