@@ -142,12 +142,12 @@ async fn proxy(
                     add_to_answer = add;
                     Inbound::Buffered(body)
                 }
-                Native::Compacted(body, outcome, block) => {
+                Native::Compacted(body, outcome, add) => {
                     parts
                         .headers
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                     served = Some(outcome);
-                    add_to_answer = Some(block);
+                    add_to_answer = add;
                     Inbound::Buffered(body)
                 }
             }
@@ -302,8 +302,8 @@ enum Native {
     /// applied), compacted as any request; the answer gets what the edits call for.
     Rewritten(Bytes, Option<AddToAnswer>),
     /// Compacted as the client's own edit asked: forwarded without compacting it again; the
-    /// compaction goes first in the answer.
-    Compacted(Bytes, crate::compaction::Outcome, AddToAnswer),
+    /// compaction, when there is one, goes first in the answer.
+    Compacted(Bytes, crate::compaction::Outcome, Option<AddToAnswer>),
 }
 
 /// The compaction a served contract puts first in the upstream's answer.
@@ -353,7 +353,7 @@ async fn serve_native(
                 body,
                 outcome,
                 addition,
-            } => Native::Compacted(body, outcome, AddToAnswer::Messages(addition)),
+            } => Native::Compacted(body, outcome, Some(AddToAnswer::Messages(addition))),
             native::messages::Served::Answer {
                 body,
                 streamed,
@@ -378,7 +378,10 @@ async fn serve_native(
                 body,
                 outcome,
                 item,
-            } => Native::Compacted(body, outcome, AddToAnswer::ResponsesItem(item)),
+            } => Native::Compacted(body, outcome, Some(AddToAnswer::ResponsesItem(item))),
+            native::managed::Managed::Unsummarized { body, outcome } => {
+                Native::Compacted(body, outcome, None)
+            }
         });
     }
     let (answer, streamed, outcome) = native::compact_on_trigger(&ask, current).await?;

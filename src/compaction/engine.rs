@@ -681,7 +681,10 @@ impl CompactionEngine {
         let planner = &self.inner.planner;
         let model = planner.windows.token_model(Some(&job.model));
         let tokens = |text: &str| model.tokens(CharCount::of_str(text)) + model.message_overhead();
-        let template = (job.summary_prompt.as_deref()).or(planner.config.summary_prompt.as_deref());
+        let template = job
+            .summary_prompt
+            .as_deref()
+            .or(planner.config.summary_prompt.as_deref());
         let prompt = tokens(&summary_input::render_prompt(template, None, ""));
         let calls = job.chunks.len().max(1) as u64;
         let chunks: u64 = job.chunks.iter().map(|chunk| tokens(chunk)).sum();

@@ -23,6 +23,9 @@ pub enum Managed {
     /// The entry taken out; under its threshold (or compactor's triggers), to forward as any
     /// request.
     Stripped(Bytes),
+    /// No threshold, and the summary compactor's triggers called for could not be had: the
+    /// request as compactor left it (its `fail_mode`), forwarded without a second try.
+    Unsummarized { body: Bytes, outcome: Outcome },
     /// Over the threshold: the compacted request, and the item its answer starts with.
     Compacted {
         body: Bytes,
@@ -58,7 +61,14 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
         None => {
             let compacted = super::compacted_by_triggers(ask, stripped.clone()).await?;
             match compacted.outcome.kind {
-                OutcomeKind::Summarized | OutcomeKind::Reused | OutcomeKind::Failed => compacted,
+                OutcomeKind::Summarized | OutcomeKind::Reused => compacted,
+                // The client did not ask for a compaction: it is not refused for want of one.
+                OutcomeKind::Failed => {
+                    return Ok(Managed::Unsummarized {
+                        body: compacted.body,
+                        outcome: compacted.outcome,
+                    })
+                }
                 // Under the triggers, or only cleared or truncated: forwarded as any request,
                 // planned again there (with the retry after an overflow that path has).
                 _ => return Ok(Managed::Stripped(stripped)),

@@ -159,6 +159,14 @@ def test_a_failed_summary_is_an_error_in_openais_shape_never_a_fake_compaction(p
             client(process).responses.compact(model=MODEL, input=history("down"))
         assert failed.value.status_code == 502
         assert failed.value.code == "compaction_failed"
+        # `context_management` without a threshold did not ask for a compaction: with no summary
+        # to be had, the request still goes through (once), as any request does, with no item.
+        raw = client(process).responses.with_raw_response.create(
+            model=MODEL, input=history("down-managed"), context_management=[{"type": "compaction"}]
+        )
+        assert raw.headers["x-compactor-compaction"] == "failed"
+        assert compaction_items(raw.http_response.json()["output"]) == []
+        assert raw.parse().output_text
     finally:
         process.stop()
 
