@@ -210,7 +210,7 @@ def plain_agent_upstream(workspace):
 
 
 @pytest.mark.parametrize(
-    "codex, flags, compact_calls",
+    "codex, flags, compact_calls",  # compact_calls: at least that many, or none at all
     [
         # Codex 0.171: a `/responses` request ending with a `compaction_trigger` item.
         ("codex", [], 0),
@@ -248,7 +248,10 @@ def test_codex_remote_compaction_is_served_for_an_upstream_without_it(
         assert served >= 2, served
         gateway.log.seek(0)
         compacts = gateway.log.read().count('path="/v1/responses/compact"')
-        assert (compacts >= compact_calls) and (compacts == 0) == (compact_calls == 0), compacts
+        if compact_calls:
+            assert compacts >= compact_calls, "Codex never called /responses/compact"
+        else:
+            assert compacts == 0, compacts
     finally:
         gateway.stop()
 
