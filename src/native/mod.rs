@@ -226,6 +226,12 @@ async fn compacted_by_triggers(ask: &Ask<'_>, body: Bytes) -> Result<Compacted, 
         .map_err(|refused| failed(refused.outcome.reason))
 }
 
+/// Whether a kept item is one Codex keeps itself across a remote compaction (its instructions
+/// and user turns): the compaction item carries the rest.
+fn client_keeps(item: &Value) -> bool {
+    is_instruction(item) || item.get("role").and_then(Value::as_str) == Some("user")
+}
+
 fn is_instruction(item: &Value) -> bool {
     matches!(
         item.get("role").and_then(Value::as_str),
@@ -246,9 +252,7 @@ pub async fn compact(ask: &Ask<'_>, body: &[u8]) -> Result<(Bytes, Outcome), Pro
     // the rest of the kept tail (tool calls, their outputs, reasoning, answers) travels in the
     // item, in its order, and expands after the summary.
     let (visible, carried): (Vec<Value>, Vec<Value>) =
-        compaction.tail.into_iter().partition(|item| {
-            is_instruction(item) || item.get("role").and_then(Value::as_str) == Some("user")
-        });
+        compaction.tail.into_iter().partition(client_keeps);
     let item = compaction_item(ask.sealer, &tenant, &compaction.summary, carried)?;
     let mut output = compaction.head;
     output.extend(visible);
@@ -314,9 +318,7 @@ pub async fn compact_on_trigger(
     let tail = compaction
         .tail
         .into_iter()
-        .filter(|item| {
-            !is_instruction(item) && item.get("role").and_then(Value::as_str) != Some("user")
-        })
+        .filter(|item| !client_keeps(item))
         .collect();
     let item = compaction_item(ask.sealer, &tenant, &compaction.summary, tail)?;
     let created_at = now();
