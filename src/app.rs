@@ -77,6 +77,7 @@ impl App {
                 idle_timeout: std::time::Duration::from_secs_f64(
                     config.limits.idle_connection_timeout_secs,
                 ),
+                lifetime: std::time::Duration::from_secs_f64(config.limits.relay_max_lifetime_secs),
             },
         });
         Ok(App {

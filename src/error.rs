@@ -32,8 +32,9 @@ pub enum ProxyError {
     BadRequest(String),
     #[error("method {0} is not allowed")]
     MethodNotAllowed(String),
-    #[error("compactor serves this API over HTTP: a WebSocket upgrade is refused so that the client falls back to HTTP at once (websocket: relay passes upgrades to the upstream)")]
-    UpgradeRefused,
+    /// 426, so the client falls back to HTTP at once; the text says why.
+    #[error("{0}")]
+    UpgradeRefused(&'static str),
     #[error("transfer coding '{0}' is not supported; send the body plain or chunked")]
     UnsupportedTransferEncoding(String),
     #[error("a valid API key is required: pass it as Authorization: Bearer <key> or x-api-key")]
@@ -67,6 +68,12 @@ pub enum ProxyError {
     Internal(String),
 }
 
+/// Why an upgrade is refused: compactor serves the API over HTTP.
+pub const UPGRADE_NOT_RELAYED: &str = "compactor serves this API over HTTP: a WebSocket upgrade is refused so that the client falls back to HTTP at once (websocket: relay passes upgrades to the upstream)";
+/// Why an upgrade is refused to a key with a model list: a relayed socket is never read, so
+/// the model of its frames could not be checked.
+pub const UPGRADE_FOR_LIMITED_KEY: &str = "this key may use only some models, which compactor checks on HTTP requests: a WebSocket upgrade is refused so that the client falls back to HTTP at once";
+
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
@@ -76,7 +83,7 @@ impl ProxyError {
             ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             // 426, not 404: clients (Codex) take it as "use HTTP" and fall back without retrying.
-            ProxyError::UpgradeRefused => StatusCode::UPGRADE_REQUIRED,
+            ProxyError::UpgradeRefused(_) => StatusCode::UPGRADE_REQUIRED,
             ProxyError::UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingKey | ProxyError::UnknownKey => StatusCode::UNAUTHORIZED,
             ProxyError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
@@ -101,7 +108,7 @@ impl ProxyError {
             | ProxyError::BodyTimeout(_)
             | ProxyError::BadRequest(_)
             | ProxyError::MethodNotAllowed(_)
-            | ProxyError::UpgradeRefused
+            | ProxyError::UpgradeRefused(_)
             | ProxyError::UnsupportedTransferEncoding(_)
             | ProxyError::MissingKey
             | ProxyError::UnknownKey
@@ -140,7 +147,7 @@ impl ProxyError {
             ProxyError::BodyTimeout(_) => "request_timeout",
             ProxyError::BadRequest(_) => "invalid_request",
             ProxyError::MethodNotAllowed(_) => "method_not_allowed",
-            ProxyError::UpgradeRefused => "websocket_not_supported",
+            ProxyError::UpgradeRefused(_) => "websocket_not_supported",
             ProxyError::UnsupportedTransferEncoding(_) => "unsupported_transfer_encoding",
             ProxyError::MissingKey => "missing_api_key",
             ProxyError::UnknownKey => "invalid_api_key",

@@ -281,7 +281,7 @@ fn start_up(app: &App, addr: Option<std::net::SocketAddr>, workers: usize) -> Co
         tracing::info!(%addr, max_connections = cap, workers, "listening");
         server::announce("compactor", addr);
     }
-    ConnectionSlots::new(cap, config.limits.max_connections_per_ip)
+    ConnectionSlots::new(cap, &config.limits)
 }
 
 /// `compactor health`: one GET, within a few seconds, answered 200.

@@ -102,6 +102,12 @@ async fn proxy(
     } = addressed;
     let key = authorize(&current.generation.auth, &parts.headers, log)?;
     if upgrade {
+        if key.is_some_and(ClientKey::restricts_models) {
+            // A relayed socket is never read, so the model of its frames cannot be checked.
+            return Err(ProxyError::UpgradeRefused(
+                crate::error::UPGRADE_FOR_LIMITED_KEY,
+            ));
+        }
         let keyed = key.is_some();
         return relay_upgrade(app, current, &rest, query.as_deref(), parts, keyed, log).await;
     }
@@ -451,7 +457,9 @@ fn address(
     let rest = rest.to_string();
     let upgrade = is_websocket_upgrade(request.headers());
     if upgrade && config.websocket == WebSocketMode::Refuse {
-        return Err(ProxyError::UpgradeRefused);
+        return Err(ProxyError::UpgradeRefused(
+            crate::error::UPGRADE_NOT_RELAYED,
+        ));
     }
     let query = request.uri().query().map(str::to_string);
     let (parts, incoming) = request.into_parts();

@@ -1,7 +1,10 @@
 //! `websocket: relay`: a WebSocket upgrade is passed to the upstream, and once both sides have
 //! switched protocols the two connections are joined byte for byte. Nothing on a relayed socket
-//! is read or compacted. Relays are bounded in number (`limits.max_connections` of their own)
-//! and closed after `limits.idle_connection_timeout_secs` with no byte either way.
+//! is read or compacted. A relay keeps the place of the client connection it came on, busy, so
+//! it counts against `limits.max_connections` and `max_connections_per_ip` and is never closed
+//! to make room; it is closed after `limits.idle_connection_timeout_secs` with no byte either
+//! way, and after `limits.relay_max_lifetime_secs` whatever moves. A key with a model list gets
+//! no relay: frames are never read, so their model could not be checked.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,13 +21,16 @@ use tokio::sync::Semaphore;
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 use crate::headers::strip_own;
+use crate::server::ConnectionPlace;
 use crate::upstream::Upstream;
 
-/// How many relays may be open at once, and how long one may sit silent.
+/// How many relays may be open at once, how long one may sit silent, and how long one may
+/// last.
 #[derive(Clone)]
 pub struct RelayLimits {
     pub slots: Arc<Semaphore>,
     pub idle_timeout: Duration,
+    pub lifetime: Duration,
 }
 
 /// Sends the client's upgrade request upstream; on `101 Switching Protocols` answers the client
@@ -44,6 +50,11 @@ pub async fn relay(
         .clone()
         .try_acquire_owned()
         .map_err(|_| ProxyError::Overloaded("WebSocket relays"))?;
+    // The client connection's place goes with the relay: it still holds a socket.
+    let place = parts
+        .extensions
+        .remove::<ConnectionPlace>()
+        .map(ConnectionPlace::hold);
     let upgrade = parts.headers.get(header::UPGRADE).cloned();
     let mut request = upstream.prepare_request(Method::GET, uri, parts.headers, body::empty());
     // `prepare_request` drops hop-by-hop headers; the upgrade is the one this request is for.
@@ -75,13 +86,18 @@ pub async fn relay(
         }));
     }
     let upstream_side = hyper::upgrade::on(&mut response);
-    let idle_timeout = limits.idle_timeout;
+    let (idle_timeout, lifetime) = (limits.idle_timeout, limits.lifetime);
     tokio::spawn(async move {
         let (Ok(client), Ok(server)) = tokio::join!(client_side, upstream_side) else {
             return;
         };
-        join(client, server, idle_timeout).await;
-        drop(slot);
+        if tokio::time::timeout(lifetime, join(client, server, idle_timeout))
+            .await
+            .is_err()
+        {
+            tracing::debug!("WebSocket relay closed at its lifetime of {lifetime:?}");
+        }
+        drop((slot, place));
     });
     let (parts, _) = response.into_parts();
     Ok(Response::from_parts(parts, body::empty()))

@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::config::Config;
+use crate::config::LimitsConfig;
 use crate::inbound::ClientAddress;
 
 /// Installs the process-wide rustls crypto provider (ring); harmless when already installed.
@@ -57,18 +58,47 @@ struct Serving {
 }
 
 /// Client connections at once, shared by every worker. At the cap, or at a client address's own
-/// cap, the connection that has had nothing in flight for longest is closed to make room (as
-/// nginx reuses idle keep-alive connections): idle sockets never lock out a client with work.
-/// Only when every connection in the way has a request in flight is a new one refused.
+/// cap, a connection with nothing in flight is closed to make room (as nginx reuses idle
+/// keep-alive connections): idle sockets never lock out a client with work. At the global cap
+/// it is taken from the address that holds the most, so churning sockets from other addresses
+/// closes the churner's own before anyone else's; and never one idle for less than the grace,
+/// so a keep-alive client between two requests keeps its socket. Only when no connection in
+/// the way can go is a new one refused.
 #[derive(Clone)]
 pub struct ConnectionSlots {
     registry: Arc<Mutex<Registry>>,
     cap: usize,
     per_address_cap: usize,
+    grace: Duration,
     /// The clock every connection's activity is measured from, so their idleness compares.
     base: Instant,
     /// Sockets being closed lingeringly (they no longer hold a slot, but hold a descriptor).
     lingering: Arc<Semaphore>,
+    header_bytes: Arc<HeaderBytes>,
+}
+
+/// Bytes of request headers read and not yet part of a request, across every connection.
+struct HeaderBytes {
+    held: AtomicUsize,
+    limit: usize,
+}
+
+impl HeaderBytes {
+    /// Counts `bytes` more; false (and nothing counted) when that would pass the limit.
+    fn take(&self, bytes: usize) -> bool {
+        let before = self.held.fetch_add(bytes, Ordering::AcqRel);
+        if before + bytes > self.limit {
+            self.held.fetch_sub(bytes, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    fn give_back(&self, bytes: usize) {
+        if bytes > 0 {
+            self.held.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -82,6 +112,26 @@ struct OpenConnection {
     address: IpAddr,
     activity: Arc<Activity>,
     evict: Arc<Notify>,
+}
+
+/// A connection's place, handed to a WebSocket relay through the upgrade request's extensions:
+/// the relay keeps it (busy, so never closed to make room) for as long as it lasts.
+#[derive(Clone)]
+pub struct ConnectionPlace(Arc<Slot>);
+
+/// A connection place held busy by a relay.
+pub struct HeldPlace {
+    _guard: ActivityGuard,
+    _place: Arc<Slot>,
+}
+
+impl ConnectionPlace {
+    pub fn hold(self) -> HeldPlace {
+        HeldPlace {
+            _guard: self.0.activity.begin(),
+            _place: self.0,
+        }
+    }
 }
 
 /// One admitted connection's place; given back when the connection ends.
@@ -113,14 +163,21 @@ impl Registry {
         }
     }
 
-    /// Closes the connection (from `address` only, when given) idle for longest; whether one was.
-    fn evict_idlest(&mut self, address: Option<IpAddr>) -> bool {
+    /// Closes a connection with nothing in flight, idle for at least `grace_until` (nanoseconds
+    /// on the activity clock): from `address` when given, else from the address holding the
+    /// most; the idlest of those. Whether one was.
+    fn evict_idlest(&mut self, address: Option<IpAddr>, grace_until: u64) -> bool {
+        let per_address = &self.per_address;
         let idlest = self
             .open
             .iter()
             .filter(|(_, open)| address.is_none_or(|a| open.address == a))
             .filter(|(_, open)| open.activity.in_flight() == 0)
-            .min_by_key(|(_, open)| open.activity.changed_at())
+            .filter(|(_, open)| open.activity.changed_at() <= grace_until)
+            .min_by_key(|(_, open)| {
+                let held = per_address.get(&open.address).copied().unwrap_or(0);
+                (std::cmp::Reverse(held), open.activity.changed_at())
+            })
             .map(|(id, _)| *id);
         let Some(id) = idlest else {
             return false;
@@ -135,10 +192,11 @@ impl Registry {
 }
 
 impl ConnectionSlots {
-    /// `per_address_cap` 0: no cap per client address.
-    pub fn new(cap: usize, per_address_cap: usize) -> ConnectionSlots {
+    /// The caps of `limits` (`max_connections_per_ip` 0: no cap per client address), with the
+    /// connection cap `cap` (which may be lowered to fit the descriptor limit).
+    pub fn new(cap: usize, limits: &LimitsConfig) -> ConnectionSlots {
         let cap = cap.max(1);
-        let per_address_cap = match per_address_cap {
+        let per_address_cap = match limits.max_connections_per_ip {
             0 => cap,
             n => n.min(cap),
         };
@@ -146,8 +204,13 @@ impl ConnectionSlots {
             registry: Arc::default(),
             cap,
             per_address_cap,
+            grace: Duration::from_secs_f64(limits.eviction_grace_secs.max(0.0)),
             base: Instant::now(),
             lingering: Arc::new(Semaphore::new((cap / 8).max(16))),
+            header_bytes: Arc::new(HeaderBytes {
+                held: AtomicUsize::new(0),
+                limit: limits.max_header_bytes_total,
+            }),
         }
     }
 
@@ -155,16 +218,20 @@ impl ConnectionSlots {
     /// a cap is reached; `None` when every connection in the way is busy.
     fn admit(&self, address: IpAddr) -> Option<Slot> {
         let mut registry = lock(&self.registry);
+        let now = self.base.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        let grace_until = now.saturating_sub(self.grace.as_nanos().min(u64::MAX as u128) as u64);
         let from_address = registry.per_address.get(&address).copied().unwrap_or(0);
-        if from_address >= self.per_address_cap && !registry.evict_idlest(Some(address)) {
+        if from_address >= self.per_address_cap
+            && !registry.evict_idlest(Some(address), grace_until)
+        {
             return None;
         }
-        if registry.open.len() >= self.cap && !registry.evict_idlest(None) {
+        if registry.open.len() >= self.cap && !registry.evict_idlest(None, grace_until) {
             return None;
         }
         let id = registry.next_id;
         registry.next_id += 1;
-        let activity = Arc::new(Activity::new(self.base));
+        let activity = Arc::new(Activity::new(self.base, self.header_bytes.clone()));
         let evicted = Arc::new(Notify::new());
         registry.open.insert(
             id,
@@ -193,7 +260,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> bool {
     let limits = &app.config().limits;
-    let slots = ConnectionSlots::new(limits.max_connections, limits.max_connections_per_ip);
+    let slots = ConnectionSlots::new(limits.max_connections, limits);
     serve_on(listener, app, shutdown, slots).await
 }
 
@@ -208,11 +275,17 @@ pub async fn serve_on(
     let limits = &config.limits;
     let grace = Duration::from_secs_f64(config.shutdown_grace_secs);
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's read buffer holds a request's headers until they are whole: its size bounds
+    // what an unterminated header costs (hyper's default is about 400 KB a connection).
     builder
         .http1()
         .timer(TokioTimer::new())
+        .max_buf_size(limits.max_header_bytes.max(8192))
         .header_read_timeout(Duration::from_secs_f64(limits.header_read_timeout_secs));
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
     let serving = Arc::new(Serving {
         builder,
         idle_timeout: Duration::from_secs_f64(limits.idle_connection_timeout_secs),
@@ -305,14 +378,23 @@ async fn serve_connection(
     slot: Slot,
 ) {
     let activity = slot.activity.clone();
+    let evicted = slot.evicted.clone();
+    let lingering = slot.lingering.clone();
+    let place = Arc::new(slot);
     let linger = Arc::new(AtomicBool::new(false));
     let service = {
-        let (activity, linger) = (activity.clone(), linger.clone());
+        let (activity, linger, place) = (activity.clone(), linger.clone(), place.clone());
         service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             let (app, linger) = (app.clone(), linger.clone());
             let guard = activity.begin();
             let sends_body = !request.body().is_end_stream();
             request.extensions_mut().insert(ClientAddress(address));
+            if request.headers().contains_key(hyper::header::UPGRADE) {
+                // A relay goes on holding this connection's place after the handler returns.
+                request
+                    .extensions_mut()
+                    .insert(ConnectionPlace(place.clone()));
+            }
             async move {
                 let response = crate::proxy::handle(app, request).await?;
                 if sends_body && response.status().as_u16() >= 400 {
@@ -330,7 +412,8 @@ async fn serve_connection(
     let io = Lingering {
         stream: Some(stream),
         linger,
-        permits: slot.lingering.clone(),
+        permits: lingering,
+        activity: activity.clone(),
     };
     let connection = serving
         .builder
@@ -353,7 +436,7 @@ async fn serve_connection(
                 connection.as_mut().graceful_shutdown();
                 finishing = true;
             }
-            () = slot.evicted.notified(), if !finishing => {
+            () = evicted.notified(), if !finishing => {
                 if activity.in_flight() == 0 {
                     return;
                 }
@@ -375,6 +458,9 @@ struct Lingering {
     stream: Option<TcpStream>,
     linger: Arc<AtomicBool>,
     permits: Arc<Semaphore>,
+    /// Counts the bytes read while no request is in flight (headers still arriving) against
+    /// `limits.max_header_bytes_total`.
+    activity: Arc<Activity>,
 }
 
 /// How long a lingering close reads, at most in all and at most waiting for the next bytes
@@ -438,7 +524,22 @@ impl tokio::io::AsyncRead for Lingering {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        self.with_stream(|stream| stream.poll_read(cx, buf))
+        let filled = buf.filled().len();
+        let this = self.get_mut();
+        let read = match &mut this.stream {
+            Some(stream) => Pin::new(stream).poll_read(cx, buf),
+            None => Poll::Ready(Err(std::io::ErrorKind::NotConnected.into())),
+        };
+        if let Poll::Ready(Ok(())) = read {
+            let new = buf.filled().len() - filled;
+            let activity = &this.activity;
+            if new > 0 && activity.in_flight() == 0 && !activity.count_header_bytes(new) {
+                return Poll::Ready(Err(std::io::Error::other(
+                    "request headers in flight are over limits.max_header_bytes_total",
+                )));
+            }
+        }
+        read
     }
 }
 
@@ -501,25 +602,39 @@ impl AcceptBackoff {
     }
 }
 
-/// Requests in flight on one connection, and when that last changed.
+/// Requests in flight on one connection, when that last changed, and the header bytes it has
+/// read towards its next request.
 struct Activity {
     in_flight: AtomicUsize,
     base: Instant,
     /// Nanoseconds after `base` of the last request start or end (or of the connection's start).
     changed_at: AtomicU64,
+    header_bytes: AtomicUsize,
+    header_budget: Arc<HeaderBytes>,
 }
 
 struct ActivityGuard(Arc<Activity>);
 
 impl Activity {
-    fn new(base: Instant) -> Activity {
+    fn new(base: Instant, header_budget: Arc<HeaderBytes>) -> Activity {
         let activity = Activity {
             in_flight: AtomicUsize::new(0),
             base,
             changed_at: AtomicU64::new(0),
+            header_bytes: AtomicUsize::new(0),
+            header_budget,
         };
         activity.touch();
         activity
+    }
+
+    /// Counts `bytes` of headers towards the next request; false when over the total.
+    fn count_header_bytes(&self, bytes: usize) -> bool {
+        if !self.header_budget.take(bytes) {
+            return false;
+        }
+        self.header_bytes.fetch_add(bytes, Ordering::AcqRel);
+        true
     }
 
     fn touch(&self) {
@@ -538,6 +653,9 @@ impl Activity {
     fn begin(self: &Arc<Self>) -> ActivityGuard {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.touch();
+        // The headers read so far are this request's now, bounded with it.
+        self.header_budget
+            .give_back(self.header_bytes.swap(0, Ordering::AcqRel));
         ActivityGuard(self.clone())
     }
 
@@ -556,6 +674,12 @@ impl Activity {
             };
             tokio::time::sleep_until(wake).await;
         }
+    }
+}
+
+impl Drop for Activity {
+    fn drop(&mut self) {
+        self.header_budget.give_back(*self.header_bytes.get_mut());
     }
 }
 

@@ -576,8 +576,20 @@ pub struct LimitsConfig {
     /// its own idlest connection makes room, else a 503. Behind a load balancer or a NAT every
     /// client shares its address: raise it there or set 0.
     pub max_connections_per_ip: usize,
-    /// A connection (HTTP/2 included) with no request in flight for this long is closed.
+    /// A connection (HTTP/2 included) with no request in flight for this long is closed; a
+    /// WebSocket relay with no byte either way too.
     pub idle_connection_timeout_secs: f64,
+    /// A WebSocket relay is closed after this long, however busy (the client reconnects).
+    pub relay_max_lifetime_secs: f64,
+    /// At a connection cap, a connection idle for less than this is never closed to make room
+    /// (a keep-alive client between two requests keeps its socket).
+    pub eviction_grace_secs: f64,
+    /// HTTP/1.1: bytes of one request's headers (at least 8192); 431 above. HTTP/2: the
+    /// header list's size.
+    pub max_header_bytes: usize,
+    /// Bytes of request headers still arriving, across all connections; a connection that
+    /// would go over is closed.
+    pub max_header_bytes_total: usize,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -803,6 +815,10 @@ impl Default for LimitsConfig {
             max_connections: 4096,
             max_connections_per_ip: 1024,
             idle_connection_timeout_secs: 60.0,
+            relay_max_lifetime_secs: 3600.0,
+            eviction_grace_secs: 2.0,
+            max_header_bytes: 32 * 1024,
+            max_header_bytes_total: 64 * 1024 * 1024,
         }
     }
 }

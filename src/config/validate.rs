@@ -165,8 +165,21 @@ impl Config {
                 "idle_connection_timeout_secs",
                 l.idle_connection_timeout_secs,
             ),
+            ("relay_max_lifetime_secs", l.relay_max_lifetime_secs),
         ] {
             positive_secs(&format!("limits.{key}"), value, problems);
+        }
+        if !(l.eviction_grace_secs.is_finite() && l.eviction_grace_secs >= 0.0) {
+            problems.push("limits.eviction_grace_secs: must be a number >= 0".into());
+        }
+        // hyper's read buffer cannot be smaller.
+        if l.max_header_bytes < 8192 {
+            problems.push("limits.max_header_bytes: must be at least 8192".into());
+        }
+        if l.max_header_bytes_total < l.max_header_bytes {
+            problems.push(
+                "limits.max_header_bytes_total: must be at least limits.max_header_bytes".into(),
+            );
         }
     }
 
