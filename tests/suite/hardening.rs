@@ -165,7 +165,7 @@ async fn at_the_cap_the_address_holding_most_makes_room_not_a_keep_alive_client(
     let good = served_keep_alive(&proxy, [127, 0, 0, 1].into()).await;
     // The good client's connection is now the idlest; another address holds two.
     let churner: IpAddr = [127, 0, 0, 2].into();
-    let mut held = vec![
+    let mut held = [
         connect_from(&proxy, churner).await,
         connect_from(&proxy, churner).await,
         connect_from(&proxy, [127, 0, 0, 3].into()).await,
