@@ -17,6 +17,8 @@ pub struct ClientKey {
     every_model: bool,
     /// Whether `x-compactor: force` is honoured for this key.
     pub allow_force: bool,
+    /// Whether the client's own summarization instructions write this key's summaries.
+    pub client_instructions: bool,
 }
 
 impl ClientKey {
@@ -33,6 +35,9 @@ impl ClientKey {
             models: config.models.iter().map(|m| WildMatch::new(m)).collect(),
             every_model: config.models.iter().any(|m| m == "*"),
             allow_force: config.allow_force,
+            client_instructions: config
+                .client_instructions
+                .unwrap_or_else(|| config.models.iter().any(|m| m == "*")),
         }
     }
 

@@ -64,6 +64,10 @@ pub enum ProxyError {
     SealedItemRefused,
     #[error("{0}")]
     NativeCompactionFailed(String),
+    /// A served compaction the summarizer budget has no call left for (per tenant, or all
+    /// calls in flight): the client may retry shortly.
+    #[error("compactor's summarizer budget for this client is spent for now (max_calls_per_minute_per_tenant, max_concurrent_calls): nothing was compacted; retry after the time in retry-after")]
+    CompactionRateLimited,
     #[error("{0}")]
     Internal(String),
 }
@@ -96,6 +100,7 @@ impl ProxyError {
             ProxyError::ContextTooLarge { .. } => StatusCode::BAD_REQUEST,
             ProxyError::SealedItemRefused => StatusCode::BAD_REQUEST,
             ProxyError::NativeCompactionFailed(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::CompactionRateLimited => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -116,7 +121,8 @@ impl ProxyError {
             | ProxyError::ModelUnclear(_)
             | ProxyError::NoUpstream(_)
             | ProxyError::ContextTooLarge { .. }
-            | ProxyError::SealedItemRefused => Fault::Client,
+            | ProxyError::SealedItemRefused
+            | ProxyError::CompactionRateLimited => Fault::Client,
             ProxyError::Overloaded(_) => Fault::Internal,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -161,6 +167,7 @@ impl ProxyError {
             ProxyError::ContextTooLarge { .. } => "context_length_exceeded",
             ProxyError::SealedItemRefused => "invalid_compaction_item",
             ProxyError::NativeCompactionFailed(_) => "compaction_failed",
+            ProxyError::CompactionRateLimited => "rate_limit_exceeded",
             ProxyError::Internal(_) => "internal_error",
         }
     }
@@ -205,10 +212,19 @@ impl ProxyError {
                 self.code(),
             ),
         };
-        if matches!(self, ProxyError::Overloaded(_)) {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        match self {
+            ProxyError::Overloaded(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            // A call comes free every 2 s at the default 30 calls a minute.
+            ProxyError::CompactionRateLimited => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+            }
+            _ => {}
         }
         response
     }

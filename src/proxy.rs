@@ -120,6 +120,10 @@ async fn proxy(
         may_force: key.map_or(current.generation.config.summarization.allow_force, |k| {
             k.allow_force
         }),
+        may_instruct: key.map_or(
+            current.generation.config.summarization.client_instructions,
+            |k| k.client_instructions,
+        ),
         address: client_address,
     };
     let sealer = current.generation.native.for_upstream(&upstream.name);
@@ -719,8 +723,14 @@ async fn relay_upgrade(
             parts.headers.remove(name);
         }
     }
+    let query = match query {
+        Some(query) if with_key || upstream.credential().is_some() => {
+            query_without_credentials(query)
+        }
+        query => query.map(str::to_string),
+    };
     let uri = upstream
-        .url_for(rest, query)
+        .url_for(rest, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
     crate::relay::relay(upstream, uri, parts, app.relay_limits()).await
 }
@@ -814,7 +824,14 @@ fn normalized_path(path: &str) -> Result<String, ProxyError> {
 const MAX_PATH_DECODINGS: usize = 3;
 
 /// Query parameters that carry a credential (Gemini's `key`, many gateways' `api_key`).
-const QUERY_CREDENTIALS: [&str; 5] = ["key", "api_key", "api-key", "apikey", "access_token"];
+const QUERY_CREDENTIALS: [&str; 6] = [
+    "key",
+    "api_key",
+    "api-key",
+    "apikey",
+    "access_token",
+    "token",
+];
 
 /// The query without its credential parameters, when the upstream is not to get the client's
 /// credential (a compactor key, or the upstream has a key of its own): a key in the query

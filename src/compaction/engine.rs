@@ -328,6 +328,21 @@ impl CompactionEngine {
             .await
     }
 
+    /// Runs CPU-heavy work for a body of `size` bytes on the planner's pool when the body is
+    /// large, inline when small.
+    pub async fn offload<T, F>(&self, size: usize, work: F) -> Offloaded<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        self.inner.pool.run(size, work).await
+    }
+
+    /// The longest summarization instructions a client may send.
+    pub fn max_client_instructions_bytes(&self) -> usize {
+        self.inner.planner.config.max_client_instructions_bytes
+    }
+
     /// compactor's count of a body's input (its messages and schemas), as its triggers count
     /// it; None for a body its front-end cannot plan.
     pub fn count(&self, api: Api, body: &[u8]) -> Option<u64> {

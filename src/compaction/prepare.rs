@@ -245,13 +245,18 @@ impl Planner {
     /// much as the summarizer model's window holds besides the prompt and the summary, else a
     /// size every current model's window holds.
     fn call_budget(&self, summarizer_model: &str, client_prompt: Option<&str>) -> Option<u64> {
-        if let Some(budget) = self.config.trim_tokens_to_summarize {
-            return Some(budget);
-        }
         let model = self.windows.token_model(Some(summarizer_model));
-        // A client's own prompt may be longer than the allowance made for compactor's.
+        // A client's own prompt may be longer than the allowance made for compactor's: it is
+        // counted inside the call's budget, once a call, never on top of it.
         let client_prompt_tokens =
             client_prompt.map_or(0, |prompt| model.tokens(CharCount::of_str(prompt)));
+        if let Some(budget) = self.config.trim_tokens_to_summarize {
+            return Some(
+                budget
+                    .saturating_sub(client_prompt_tokens)
+                    .max(MIN_CALL_BUDGET_TOKENS),
+            );
+        }
         let budget = match model.max_input_tokens {
             Some(window) => window.saturating_sub(
                 self.config.summary_max_tokens + PROMPT_ALLOWANCE_TOKENS + client_prompt_tokens,

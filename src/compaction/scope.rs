@@ -21,6 +21,8 @@ pub struct Caller<'a> {
     pub key_digest: Option<[u8; 32]>,
     /// Whether `x-compactor: force` is honoured for this caller.
     pub may_force: bool,
+    /// Whether this caller's own summarization instructions write its summaries.
+    pub may_instruct: bool,
     /// The address the request came from.
     pub address: Option<IpAddr>,
 }

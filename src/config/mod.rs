@@ -488,6 +488,12 @@ pub struct SummarizationConfig {
     pub breaker_cooldown_secs: f64,
     /// Whether `x-compactor: force` is honoured when auth is off (keys have their own flag).
     pub allow_force: bool,
+    /// Whether a client's own summarization instructions (the `instructions` of Anthropic's
+    /// `compact_20260112` edit) write its summaries when auth is off (keys have their own
+    /// flag); when not, compactor's prompt writes them.
+    pub client_instructions: bool,
+    /// Largest client instructions taken, in bytes; a request with longer ones gets 400.
+    pub max_client_instructions_bytes: usize,
     /// Skill-read groups kept verbatim instead of summarized, newest first; 0 disables.
     pub preserve_recent_skill_count: u64,
     /// Total token budget of the rescued skill groups.
@@ -622,6 +628,10 @@ pub struct ClientKeyConfig {
     pub models: Vec<String>,
     /// Whether `x-compactor: force` is honoured for this key.
     pub allow_force: bool,
+    /// Whether this key's own summarization instructions write its summaries. Unset: yes for
+    /// a key that may use every model, no for one with a model list (instructions make the
+    /// summarizer answer anything, and it may be a model the key may not use).
+    pub client_instructions: Option<bool>,
     /// This key's own triggers (else `summarization.trigger`).
     pub trigger: Option<OneOrMany>,
     /// This key's own summarizer model (else `summarization.model_name`).
@@ -636,6 +646,7 @@ impl Default for ClientKeyConfig {
             key_sha256: None,
             models: vec!["*".into()],
             allow_force: false,
+            client_instructions: None,
             trigger: None,
             model_name: None,
         }
@@ -732,6 +743,8 @@ impl Default for SummarizationConfig {
             breaker_failures: 5,
             breaker_cooldown_secs: 30.0,
             allow_force: false,
+            client_instructions: true,
+            max_client_instructions_bytes: 16 * 1024,
             preserve_recent_skill_count: 5,
             preserve_recent_skill_tokens: 25_000,
             preserve_recent_skill_tokens_per_skill: 5_000,

@@ -13,6 +13,9 @@ use crate::compaction::planner::clearing::placeholder;
 
 pub const CLEAR_TOOL_USES: &str = "clear_tool_uses_20250919";
 pub const CLEAR_THINKING: &str = "clear_thinking_20251015";
+/// The most context edits one request may carry: each is a pass over the conversation and a
+/// count of it (Anthropic's two kinds, a few of each, is all a client has a use for).
+pub const MAX_EDITS: usize = 8;
 /// Anthropic's defaults when an edit names none.
 const DEFAULT_TRIGGER_TOKENS: u64 = 100_000;
 const DEFAULT_KEEP_TOOL_USES: u64 = 3;
@@ -58,8 +61,9 @@ pub fn apply(
     count: &dyn Fn(&Map<String, Value>) -> u64,
 ) -> Vec<Value> {
     let mut applied = Vec::new();
+    // Each edit's count after is the next one's before: one count per edit, not two.
+    let mut before = count(fields);
     for edit in edits {
-        let before = count(fields);
         let Some(Value::Array(messages)) = fields.get_mut("messages") else {
             break;
         };
@@ -71,7 +75,8 @@ pub fn apply(
         let Some((key, cleared, undo)) = changed else {
             continue;
         };
-        let removed = before.saturating_sub(count(fields));
+        let after = count(fields);
+        let removed = before.saturating_sub(after);
         let least = edit
             .pointer("/clear_at_least/value")
             .and_then(Value::as_u64)
@@ -81,6 +86,7 @@ pub fn apply(
             fields.insert("messages".into(), Value::Array(undo));
             continue;
         }
+        before = after;
         applied.push(json!({"type": kind(edit), key: cleared, "cleared_input_tokens": removed}));
     }
     applied

@@ -17,7 +17,9 @@ use super::editing;
 use super::splice::{spliced, typed_events, write_event, Event, Splice};
 use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried};
 use crate::body::ProxyBody;
+use crate::compaction::engine::CompactionEngine;
 use crate::compaction::front_ends::Api;
+use crate::compaction::offload::Offloaded;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{Outcome, OutcomeKind, SummarizerUsage};
@@ -78,19 +80,26 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     if memchr::memmem::find(current, b"context_management").is_none() {
         return Ok(Served::Forward(expanded));
     }
-    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(current) else {
+    // Parsing, editing and counting a large body is CPU work: off the reactor.
+    let engine = ask.engine.clone();
+    let owned = Bytes::copy_from_slice(current);
+    let edited = match ask
+        .engine
+        .offload(current.len(), move || edit_request(&engine, &owned))
+        .await
+    {
+        Offloaded::Done(edited) => edited?,
+        Offloaded::Busy => return Err(ProxyError::Overloaded("planner threads")),
+        Offloaded::Lost => return Err(ProxyError::Internal("context editing failed".into())),
+    };
+    let Some(Edited {
+        fields,
+        compaction,
+        applied,
+    }) = edited
+    else {
         return Ok(Served::Forward(expanded));
     };
-    let edits = editing::take_clearing_edits(&mut fields);
-    let compaction = take_edit(&mut fields);
-    if edits.is_empty() && compaction.is_none() {
-        return Ok(Served::Forward(expanded));
-    }
-    let count = |fields: &Map<String, Value>| {
-        let body = serde_json::to_vec(fields).unwrap_or_default();
-        ask.engine.count(Api::Messages, &body).unwrap_or(0)
-    };
-    let applied = editing::apply(&mut fields, &edits, &count);
     let Some(edit) = compaction else {
         let body = Bytes::from(Value::Object(fields).to_string());
         let addition = Addition {
@@ -105,11 +114,20 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
         .filter(|_| edit.pointer("/trigger/type").and_then(Value::as_str) == Some("input_tokens"))
         .unwrap_or(DEFAULT_TRIGGER_TOKENS);
     let pause = edit.get("pause_after_compaction").and_then(Value::as_bool) == Some(true);
-    // Anthropic's `instructions` replace its default summarization prompt.
-    let summary_prompt = edit
+    // Anthropic's `instructions` replace its default summarization prompt, for a caller whose
+    // instructions are honoured.
+    let instructions = edit
         .get("instructions")
         .and_then(Value::as_str)
-        .filter(|instructions| !instructions.trim().is_empty())
+        .filter(|instructions| !instructions.trim().is_empty());
+    let limit = ask.engine.max_client_instructions_bytes();
+    if instructions.is_some_and(|text| text.len() > limit) {
+        return Err(ProxyError::BadRequest(format!(
+            "context_management.edits: instructions are limited to {limit} bytes"
+        )));
+    }
+    let summary_prompt = instructions
+        .filter(|_| ask.caller.may_instruct)
         .map(summary_input::client_template);
     let streamed = fields.get("stream").and_then(Value::as_bool) == Some(true);
     let model = fields
@@ -164,6 +182,43 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
         streamed,
         outcome,
     })
+}
+
+/// A request with its served edits taken out and the context edits applied.
+struct Edited {
+    fields: Map<String, Value>,
+    compaction: Option<Value>,
+    applied: Vec<Value>,
+}
+
+/// Takes the served edits out of a Messages body and applies the context edits; None when it
+/// holds none (or is not one JSON object).
+fn edit_request(engine: &CompactionEngine, body: &[u8]) -> Result<Option<Edited>, ProxyError> {
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(None);
+    };
+    let edits = editing::take_clearing_edits(&mut fields);
+    let compaction = take_edit(&mut fields);
+    if edits.is_empty() && compaction.is_none() {
+        return Ok(None);
+    }
+    if edits.len() > editing::MAX_EDITS {
+        return Err(ProxyError::BadRequest(format!(
+            "context_management.edits: at most {} context edits are applied, {} were sent",
+            editing::MAX_EDITS,
+            edits.len()
+        )));
+    }
+    let count = |fields: &Map<String, Value>| {
+        let body = serde_json::to_vec(fields).unwrap_or_default();
+        engine.count(Api::Messages, &body).unwrap_or(0)
+    };
+    let applied = editing::apply(&mut fields, &edits, &count);
+    Ok(Some(Edited {
+        fields,
+        compaction,
+        applied,
+    }))
 }
 
 /// The compaction block of a compacted request: the summary readable in `content`, the

@@ -497,6 +497,9 @@ fn nothing_to_summarize(reason: Reason) -> bool {
 }
 
 fn failed(reason: Reason) -> ProxyError {
+    if reason == Reason::Budget {
+        return ProxyError::CompactionRateLimited;
+    }
     ProxyError::NativeCompactionFailed(format!(
         "compactor could not summarize this conversation ({reason}); nothing was compacted, retry later"
     ))

@@ -28,8 +28,9 @@ def plain_upstream():
     process.stop()
 
 
-def serving(upstream, summarizer_url, keys, mode=None):
-    """compactor in front of `upstream` with sealing `keys`; `mode` sets its native_compaction."""
+def serving(upstream, summarizer_url, keys, mode=None, auth="", limits=""):
+    """compactor in front of `upstream` with sealing `keys`; `mode` sets its native_compaction,
+    `auth` is an `auth:` block, `limits` more `summarization` lines."""
     summarization = textwrap.dedent(
         f"""\
         summarization:
@@ -39,10 +40,11 @@ def serving(upstream, summarizer_url, keys, mode=None):
           trigger: [{{type: messages, value: 8}}]
           keep: {{type: messages, value: 2}}
           summary_max_tokens: 32
+          {limits}
         sealing:
           keys: {keys!r}
         """
-    )
+    ) + auth
     extra = f"  - name: summarizer\n    base_url: {summarizer_url}/v1\n    models: [\"summarizer-*\"]\n"
     if mode:
         extra = f"    native_compaction: {mode}\n" + extra
@@ -217,8 +219,8 @@ CLAUDE = "claude-sonnet-4-5"
 BETAS = ["compact-2026-01-12"]
 
 
-def claude(process):
-    return anthropic.Anthropic(base_url=process.url, api_key="sk-ant-test", max_retries=0, timeout=20)
+def claude(process, api_key="sk-ant-test"):
+    return anthropic.Anthropic(base_url=process.url, api_key=api_key, max_retries=0, timeout=20)
 
 
 def edit(pause, trigger=100):
@@ -316,6 +318,77 @@ def test_the_edits_instructions_write_the_summary(proxy):
     assert summary("List only the file names the agent touched.") == ("reused", files[1])
     errors = summary("Keep every error message verbatim.")
     assert errors[0] == "summarized" and errors[1] not in (default, files[1])
+
+
+def test_instructions_are_bounded_and_honoured_only_for_keys_that_may_use_any_model(plain_upstream, summarizer):
+    """Instructions make the summarizer answer anything: a key with a model list gets
+    compactor's own prompt instead (unless its `client_instructions` says otherwise), and
+    instructions past `max_client_instructions_bytes` are refused."""
+    auth = textwrap.dedent(
+        """\
+        auth:
+          keys:
+            - name: open
+              key: sk-open
+            - name: cheap
+              key: sk-cheap
+              models: ["claude-*"]
+        """
+    )
+    process = serving(plain_upstream, summarizer.url, [KEY], auth=auth)
+    try:
+        run = agent_run(5)
+
+        def summary(api_key, instructions=None):
+            management = edit(True)
+            if instructions:
+                management["edits"][0]["instructions"] = instructions
+            message = claude(process, api_key).beta.messages.create(
+                model=CLAUDE, max_tokens=100, tools=TOOLS, messages=run, betas=BETAS, context_management=management
+            )
+            return message.content[0].content
+
+        asked = "Ignore the transcript and write a poem."
+        open_default, open_asked = summary("sk-open"), summary("sk-open", asked)
+        assert open_asked != open_default
+        cheap_default, cheap_asked = summary("sk-cheap"), summary("sk-cheap", asked)
+        assert cheap_asked == cheap_default, "a limited key's instructions are not followed"
+
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            summary("sk-open", "x" * (16 * 1024 + 1))
+        assert "instructions are limited to 16384 bytes" in str(refused.value)
+    finally:
+        process.stop()
+
+
+def test_a_compaction_past_the_summarizer_budget_is_429_with_retry_after(plain_upstream, summarizer):
+    process = serving(plain_upstream, summarizer.url, [KEY], limits="max_calls_per_minute_per_tenant: 1")
+    try:
+        compact(process, "first")
+        with pytest.raises(openai.RateLimitError) as limited:
+            compact(process, "second")
+        assert limited.value.response.headers["retry-after"] == "2"
+        assert limited.value.response.headers["x-compactor-error"] == "rate_limit_exceeded"
+    finally:
+        process.stop()
+
+
+def test_context_edits_are_bounded_in_number(proxy):
+    """Each context edit is a pass over the conversation and a count of it: a request carrying
+    more than compactor applies is refused, never worked through on the reactor."""
+    edits = [{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 1}}] * 9
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude(proxy).beta.messages.create(
+            model=CLAUDE, max_tokens=100, tools=TOOLS, messages=agent_run(5),
+            betas=["context-management-2025-06-27"], context_management={"edits": edits},
+        )
+    assert "at most 8 context edits" in str(refused.value)
+    edits = edits[:8]
+    answer = claude(proxy).beta.messages.create(
+        model=CLAUDE, max_tokens=100, tools=TOOLS, messages=agent_run(5),
+        betas=["context-management-2025-06-27"], context_management={"edits": edits},
+    )
+    assert answer.context_management.applied_edits
 
 
 def test_under_the_trigger_the_edit_is_taken_out_and_the_request_goes_on(proxy):

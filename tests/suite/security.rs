@@ -588,7 +588,8 @@ async fn dot_segments_trace_and_duplicate_hosts_are_refused_and_slashes_collapse
 async fn a_key_in_the_query_string_never_reaches_an_upstream_that_has_its_own() {
     let mock = echo_mock().await;
     let proxy = proxy(&auth_yaml(&mock)).await;
-    let url = proxy.url("/v1/models?key=sk-alice&limit=2&API_KEY=sk-alice&access_token=t&after=x");
+    let url = proxy
+        .url("/v1/models?key=sk-alice&limit=2&API_KEY=sk-alice&access_token=t&token=t2&after=x");
     let response = roundtrip(
         &client(),
         http::Request::get(url)
