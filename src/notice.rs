@@ -77,17 +77,31 @@ pub fn chunk_from_first_event(first_event: &[u8], message: &str) -> Option<Bytes
 /// End (exclusive) of the first complete event in `buffer`: after a blank line in any of the
 /// three line-ending styles.
 pub fn first_event_end(buffer: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i < buffer.len() {
-        match buffer[i] {
-            b'\n' if buffer.get(i + 1) == Some(&b'\n') => return Some(i + 2),
-            b'\r' if buffer[i + 1..].starts_with(b"\n\r\n") => return Some(i + 4),
-            b'\r' if buffer.get(i + 1) == Some(&b'\r') => return Some(i + 2),
+    event_end_from(buffer, 0)
+}
+
+/// [`first_event_end`], looking at line ends from `from` on: a reader that found none in the
+/// bytes it had resumes at [`resume_at`] of them, so a long event is scanned once, not once
+/// per frame that brings more of it.
+pub fn event_end_from(buffer: &[u8], from: usize) -> Option<usize> {
+    let mut i = from.min(buffer.len());
+    while let Some(found) = memchr::memchr2(b'\n', b'\r', &buffer[i..]) {
+        let at = i + found;
+        match buffer[at] {
+            b'\n' if buffer.get(at + 1) == Some(&b'\n') => return Some(at + 2),
+            b'\r' if buffer[at + 1..].starts_with(b"\n\r\n") => return Some(at + 4),
+            b'\r' if buffer.get(at + 1) == Some(&b'\r') => return Some(at + 2),
             _ => {}
         }
-        i += 1;
+        i = at + 1;
     }
     None
+}
+
+/// Where to resume looking for an event's end in `buffered` bytes that hold none: the longest
+/// blank-line mark (`\r\n\r\n`) may have begun in their last three bytes.
+pub fn resume_at(buffered: usize) -> usize {
+    buffered.saturating_sub(3)
 }
 
 #[cfg(test)]

@@ -218,6 +218,7 @@ mod tests {
                 key: Some("team"),
                 key_digest: Some(digest),
                 may_force: false,
+                may_instruct: false,
                 address: None,
             };
             Credentials::of(caller, &headers).tenant()

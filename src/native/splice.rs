@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use crate::body::{BoxError, ProxyBody};
+use crate::notice::{event_end_from, resume_at};
 
 /// One complete event whose data is JSON, as a [`Splice`] sees it.
 pub struct Event<'a> {
@@ -33,6 +34,8 @@ pub trait Splice: Send + Unpin + 'static {
 pub struct Events<S> {
     splice: S,
     pending: Vec<u8>,
+    /// How far `pending` is known to hold no event end.
+    scanned: usize,
 }
 
 impl<S: Splice> Events<S> {
@@ -40,6 +43,7 @@ impl<S: Splice> Events<S> {
         Events {
             splice,
             pending: Vec::new(),
+            scanned: 0,
         }
     }
 
@@ -47,7 +51,8 @@ impl<S: Splice> Events<S> {
     pub fn feed(&mut self, bytes: &[u8]) -> Bytes {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
-        while let Some(end) = event_end(&self.pending) {
+        while let Some(end) = event_end_from(&self.pending, self.scanned) {
+            self.scanned = 0;
             let raw: Vec<u8> = self.pending.drain(..end).collect();
             match read_event(&raw) {
                 Some((name, data)) => {
@@ -66,6 +71,7 @@ impl<S: Splice> Events<S> {
                 None => out.extend_from_slice(&raw),
             }
         }
+        self.scanned = resume_at(self.pending.len());
         Bytes::from(out)
     }
 
@@ -127,16 +133,6 @@ impl<S: Splice> Body for SplicedBody<S> {
     }
 }
 
-/// Where the first complete event in `bytes` ends (after its blank line).
-fn event_end(bytes: &[u8]) -> Option<usize> {
-    let lf = memchr::memmem::find(bytes, b"\n\n").map(|at| at + 2);
-    let crlf = memchr::memmem::find(bytes, b"\r\n\r\n").map(|at| at + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 /// An event's name (its `event:` line, when it has one) and its data as JSON (the `data:`
 /// lines joined, as SSE defines); None when the data is not JSON.
 fn read_event(event: &[u8]) -> Option<(Option<String>, Value)> {
@@ -169,4 +165,50 @@ pub fn write_event(out: &mut Vec<u8>, name: Option<&str>, data: &Value) {
         out.extend_from_slice(format!("event: {name}\n").as_bytes());
     }
     out.extend_from_slice(format!("data: {data}\n\n").as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Passes every event on as it came.
+    struct AsItCame;
+
+    impl Splice for AsItCame {
+        fn rewrite(&mut self, event: Event<'_>, out: &mut Vec<u8>) {
+            out.extend_from_slice(event.raw);
+        }
+    }
+
+    #[test]
+    fn a_long_event_is_scanned_once_not_once_per_frame() {
+        let mut events = Events::new(AsItCame);
+        let line = format!("data: {{\"text\":\"{}\"}}", "x".repeat(1 << 20));
+        let frames: Vec<&[u8]> = line.as_bytes().chunks(1024).collect();
+        for frame in &frames {
+            assert!(events.feed(frame).is_empty());
+            // The next frame is looked at from where this one left off, less a mark's length.
+            assert_eq!(events.scanned, events.pending.len() - 3);
+        }
+        let out = events.feed(b"\r\n\r\ndata: {}\n\n");
+        assert_eq!(out.len(), line.len() + 4 + 10);
+        assert_eq!(events.scanned, 0);
+    }
+
+    #[test]
+    fn an_event_end_split_across_frames_is_found() {
+        for ending in ["\n\n", "\r\n\r\n", "\r\r"] {
+            let whole = format!("data: {{}}{ending}");
+            for cut in 1..whole.len() {
+                let mut events = Events::new(AsItCame);
+                let first = events.feed(&whole.as_bytes()[..cut]);
+                let second = events.feed(&whole.as_bytes()[cut..]);
+                assert_eq!(
+                    [first, second].concat(),
+                    whole.as_bytes(),
+                    "{ending:?} at {cut}"
+                );
+            }
+        }
+    }
 }
