@@ -234,6 +234,8 @@ pub struct Rewrite<'n> {
     pub length: Option<usize>,
     /// The notice a 2xx event stream starts with.
     pub notice: Option<&'n Notice>,
+    /// The whole body, when it was read before sending: what a retry sends again.
+    pub replay: Option<&'n bytes::Bytes>,
 }
 
 /// One request on its way to an upstream.
@@ -272,22 +274,77 @@ impl<'u> Target<'u> {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
         }
         telemetry::inject(&mut headers);
+        // Kept only for a body that can be sent again.
+        let again = rewrite.replay.map(|body| (headers.clone(), body.clone()));
         let request =
             self.upstream
                 .prepare_request(self.method.clone(), self.uri.clone(), headers, body);
         let started = Instant::now();
-        let response = send(self.upstream, request, rewrite.notice).await;
+        let mut response = send(self.upstream, request, rewrite.notice).await;
+        let stale = matches!(response, Err(Failed::Stale(_)));
+        if let (true, Some((headers, body))) = (stale, again) {
+            // A pooled connection the upstream had closed took the request and answered
+            // nothing: no answer began, so it goes once more, on another connection.
+            let request = self.upstream.prepare_request(
+                self.method.clone(),
+                self.uri.clone(),
+                headers,
+                crate::body::full(body),
+            );
+            response = send(self.upstream, request, rewrite.notice).await;
+        }
+        let response = response.map_err(Failed::into_error);
         let waited = started.elapsed().as_nanos() as u64;
         self.waited.fetch_add(waited, Ordering::Relaxed);
         response
     }
 }
 
+/// Why a send failed: a connection closed under a request before any answer (which a body
+/// read whole may be sent again for), or anything else.
+enum Failed {
+    Stale(ProxyError),
+    Other(ProxyError),
+}
+
+impl Failed {
+    fn into_error(self) -> ProxyError {
+        match self {
+            Failed::Stale(error) | Failed::Other(error) => error,
+        }
+    }
+}
+
+/// Whether the connection closed under the request before a byte of the answer came: what a
+/// pooled connection the upstream closed while idle does.
+fn closed_before_answer(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        let hyper = match error.downcast_ref::<crate::lean_client::LeanError>() {
+            Some(crate::lean_client::LeanError::Http(hyper)) => Some(hyper),
+            _ => error.downcast_ref::<hyper::Error>(),
+        };
+        if hyper.is_some_and(hyper::Error::is_incomplete_message) {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ) {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
+}
+
 async fn send(
     upstream: &Upstream,
     request: Request<ProxyBody>,
     notice: Option<&Notice>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Response<ProxyBody>, Failed> {
     let sent = match &upstream.lean {
         Some(lean) => {
             let request = upstream.origin_form(request);
@@ -306,20 +363,25 @@ async fn send(
     };
     let response = match sent {
         Err(_) => {
-            return Err(ProxyError::UpstreamTimeout {
+            return Err(Failed::Other(ProxyError::UpstreamTimeout {
                 upstream: upstream.name.clone(),
                 secs: upstream.first_byte_timeout.as_secs_f64(),
-            })
+            }))
         }
         Ok(Err(e)) => {
             // A body the client broke, cut short or sent too slowly surfaces here while it was
             // being streamed on: the client's fault, not the upstream's.
             if let Some(fault) = BodyFault::in_chain(&*e.0) {
-                return Err(ProxyError::from_body_fault(fault));
+                return Err(Failed::Other(ProxyError::from_body_fault(fault)));
             }
-            return Err(ProxyError::UpstreamUnreachable {
+            let error = ProxyError::UpstreamUnreachable {
                 upstream: upstream.name.clone(),
                 reason: error_chain(&*e.0),
+            };
+            return Err(if closed_before_answer(&*e.0) {
+                Failed::Stale(error)
+            } else {
+                Failed::Other(error)
             });
         }
         Ok(Ok(response)) => response,

@@ -224,6 +224,7 @@ impl Compacted {
         Rewrite {
             length: self.rewritten.then_some(self.body.len()),
             notice: self.notice.as_ref(),
+            replay: Some(&self.body),
         }
     }
 }

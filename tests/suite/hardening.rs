@@ -264,3 +264,84 @@ async fn header_bytes_in_flight_are_bounded_across_connections() {
     let again = half_a_header(&proxy).await;
     assert!(finish_header(again).await.starts_with("http/1.1 200"));
 }
+
+/// An upstream that answers the first request on each connection, keeps it open, and closes
+/// it under the next one without a word: a pooled connection closed by its server.
+async fn closes_reused_connections() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                for answered in [true, false] {
+                    if !read_request(&mut stream).await {
+                        return;
+                    }
+                    if !answered {
+                        return;
+                    }
+                    let body = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Reads one request with a `content-length` body; false when the connection ends first.
+async fn read_request(stream: &mut TcpStream) -> bool {
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse().ok())
+                .unwrap_or(0);
+            if seen.len() >= end + 4 + length {
+                return true;
+            }
+        }
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return false,
+            Ok(read) => seen.extend_from_slice(&buffer[..read]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_is_retried_once_on_a_new_one() {
+    let upstream = closes_reused_connections().await;
+    let yaml = format!(
+        "upstreams:\n  - name: raw\n    base_url: http://{upstream}/v1\nsummarization:\n  enabled: true\n"
+    );
+    let proxy = proxy(&yaml).await;
+    for turn in 0..3 {
+        let response = roundtrip(
+            &client(),
+            json_request(
+                &proxy.url("/v1/chat/completions"),
+                chat_body("hello", false),
+                &[],
+            ),
+        )
+        .await;
+        assert_eq!(
+            response.status,
+            StatusCode::OK,
+            "turn {turn}: {}",
+            response.text()
+        );
+    }
+}
