@@ -235,6 +235,33 @@ fn claude_codes_system_turn_is_never_summarized_and_roles_still_alternate() {
 }
 
 #[test]
+fn a_second_prompt_after_a_system_turn_keeps_the_roles_alternating() {
+    // Claude Code 2.1 with per-turn control: a system turn before each prompt. Once the summary
+    // covers the second prompt's turn, the prompt moves to after the summary, and the system
+    // turns it passed must not sit between two user turns.
+    let mut messages = claude_code_opening();
+    messages.extend(agent_messages(3).into_iter().skip(1));
+    messages.push(json!({"role": "assistant", "content": "Fixed."}));
+    messages.push(json!({"role": "system", "content": [{"type": "text", "text": "# Environment\n - turn 2"}]}));
+    messages.push(user("Now add a test."));
+    messages.extend(agent_messages(4).into_iter().skip(1));
+    let body = body(&messages, json!({}));
+    let system_turns: Vec<&Value> = messages.iter().filter(|m| m["role"] == "system").collect();
+    for keep in [2, 4, 6] {
+        let out = compacted(&body, &planner_settings(4, keep)).expect("summarized");
+        let out: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(validate(&out), Ok(()), "keep {keep}: {out}");
+        let sent = out["messages"].as_array().unwrap();
+        let kept_system: Vec<&Value> = sent.iter().filter(|m| m["role"] == "system").collect();
+        assert_eq!(
+            kept_system, system_turns,
+            "keep {keep}: system turns kept verbatim"
+        );
+        assert_eq!(sent[0]["role"], "user");
+    }
+}
+
+#[test]
 fn a_breakpoint_in_the_summarized_span_moves_to_the_summary_and_kept_ones_stay() {
     let mut messages = agent_messages(4);
     // The client's breakpoints: on an early result (summarized) and on the last one (kept).

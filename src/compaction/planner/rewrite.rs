@@ -91,12 +91,30 @@ impl Splice {
                 .ok_or(RewriteError::Unsplittable(i)),
             None => Ok(Piece::Original(conversation.message_range(i))),
         };
-        let order: Vec<usize> = layout
+        let mut order: Vec<usize> = layout
             .excluded
             .iter()
             .copied()
             .chain(layout.cut..conversation.messages.len())
             .collect();
+        if dialect.keeps_system_turns() {
+            // System turns take no part in the alternation: a user turn right after the ones
+            // that lead the tail goes first, so the summary (a user turn) joins it instead of
+            // standing as a second user turn in a row. The system turns follow it, verbatim.
+            let messages = &conversation.messages;
+            let leading = order
+                .iter()
+                .take_while(|&&i| messages[i].role == Role::System)
+                .count();
+            if leading > 0
+                && order
+                    .get(leading)
+                    .is_some_and(|&i| messages[i].role == Role::User)
+            {
+                let user = order.remove(leading);
+                order.insert(0, user);
+            }
+        }
         let next_is_user = order.first().is_some_and(|&i| {
             conversation.messages[i].role == Role::User
                 && !layout.splits.iter().any(|s| s.message == i)
