@@ -356,6 +356,19 @@ impl CompactionEngine {
         Some(messages + conversation.schema_tokens(&model))
     }
 
+    /// A body's input counted as a retry after a context-length error plans it: with the
+    /// model's own tokenizer where compactor has it, else the estimate.
+    pub fn count_as_retried(&self, api: Api, body: &[u8]) -> Option<u64> {
+        let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
+            return None;
+        };
+        let windows = &self.inner.planner.windows;
+        let mut model = windows.token_model(conversation.model.as_deref());
+        model.exact = windows.encoding(conversation.model.as_deref());
+        let messages: u64 = conversation.message_tokens(&model).iter().sum();
+        Some(messages + conversation.schema_tokens(&model))
+    }
+
     /// The right to calibrate `model`'s count from the upstream's usage for this forwarded
     /// body, when the model is due a sample.
     pub fn calibration_sample(

@@ -164,7 +164,8 @@ impl Job {
 #[derive(Debug, Clone, Copy)]
 pub struct Reactive {
     pub overflow: Overflow,
-    /// The estimate of what was forwarded the first time, when it was counted.
+    /// What was forwarded the first time, counted as the retry's plan counts (the model's own
+    /// tokenizer where compactor has it: [`crate::compaction::engine::CompactionEngine::count_as_retried`]).
     pub forwarded_tokens: Option<u64>,
 }
 
@@ -296,13 +297,17 @@ impl Planner {
         };
         let (settings, model_name) = self.settings_for(key);
         let mut token_model = self.windows.token_model(conversation.model.as_deref());
+        let encoding = self.windows.encoding(conversation.model.as_deref());
         if let Some(reactive) = &ask.reactive {
+            // A retry counts with the model's own tokenizer where compactor has it, and aims
+            // under the refused size counted the same way (`Reactive::forwarded_tokens`).
+            token_model.exact = encoding;
             token_model.max_input_tokens =
                 Some(self.retry_window(&conversation, &token_model, reactive));
         }
         // The model's own tokenizer, where compactor has it, for a body the estimate puts
         // near a trigger: only there does the difference decide anything.
-        if let Some(encoding) = self.windows.encoding(conversation.model.as_deref()) {
+        if let Some(encoding) = encoding {
             if plan::reaches_share(&conversation, settings, &token_model, EXACT_FROM_SHARE) {
                 token_model.exact = Some(encoding);
             }

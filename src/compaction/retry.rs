@@ -9,6 +9,7 @@ use crate::body::{self, prefixed, ProxyBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::front_ends::Api;
 use crate::compaction::overflow;
+use crate::compaction::offload::Offloaded;
 use crate::compaction::prepare::Reactive;
 use crate::compaction::scope::Caller;
 use crate::error::ProxyError;
@@ -52,14 +53,27 @@ impl Retry<'_, '_> {
         let Some(overflow) = overflow else {
             return first(error, rest);
         };
-        let forwarded = compacted.as_ref();
+        let sent_before = compacted.as_ref().map(|c| c.body.clone());
+        // The refused size in the counting the retry's plan uses (the first plan may have
+        // counted by the estimate): off the reactor for a large body.
+        let forwarded_tokens = match &sent_before {
+            Some(body) => {
+                let (engine, api, body) = (self.engine.clone(), self.api, body.clone());
+                let counted = self
+                    .engine
+                    .offload(body.len(), move || engine.count_as_retried(api, &body))
+                    .await;
+                match counted {
+                    Offloaded::Done(tokens) => tokens,
+                    Offloaded::Busy | Offloaded::Lost => None,
+                }
+            }
+            None => None,
+        };
         let reactive = Reactive {
             overflow,
-            forwarded_tokens: forwarded
-                .and_then(|c| c.outcome.token_counts())
-                .map(|(_, after)| after),
+            forwarded_tokens,
         };
-        let sent_before = forwarded.map(|c| c.body.clone());
         let retried = self
             .engine
             .compact_after_overflow(

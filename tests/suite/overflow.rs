@@ -505,3 +505,40 @@ async fn with_the_summarizer_budget_spent_the_cached_summary_still_keeps_the_req
         "the first turn's summary is in it"
     );
 }
+
+#[tokio::test]
+async fn a_retry_aims_under_the_refused_size_in_the_counting_its_plan_uses() {
+    // Codex against an upstream that counts with the model's real tokenizer and whose error
+    // names no limit. compactor has that tokenizer too (gpt-4o): the retry's plan counts with
+    // it, so the size it aims under must be counted the same way, not by the estimate (which
+    // puts these long words at several times their real count).
+    let chat = mock(MockOptions {
+        mode: MockMode::Echo,
+        window: Some(3_000),
+        counting: mock_upstream::window::Counting::O200k,
+        ..MockOptions::default()
+    })
+    .await;
+    let summarizer = mock(MockOptions {
+        mode: MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: chat\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 1000000}}]\n  keep: {{type: messages, value: 4}}\n",
+        chat.base_url(),
+        summarizer.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    let mut input = vec![json!({"role": "user", "content": "Tidy the module."})];
+    for step in 0..24 {
+        let id = format!("call_{step}");
+        input.push(json!({"type": "function_call", "call_id": id, "name": "exec_command", "arguments": "{\"cmd\":\"cat notes.md\"}"}));
+        input.push(json!({"type": "function_call_output", "call_id": id, "output": "internationalization responsibilities ".repeat(40)}));
+    }
+    let body = json!({"model": "gpt-4o", "input": input});
+    let response = post(&proxy, "/v1/responses", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(chat.window_refusals(), 1, "refused once, then compacted");
+}
