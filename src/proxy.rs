@@ -238,7 +238,12 @@ async fn proxy(
     }
     log.upstream_wait = target.waited();
     if response.status().is_success() {
-        log.calibration = calibration_sample(engine, compacted.as_ref(), log.model.as_deref());
+        log.calibration = calibration_sample(
+            engine,
+            &upstream.name,
+            compacted.as_ref(),
+            log.model.as_deref(),
+        );
     }
     if let Some(add) = add_to_answer.filter(|_| response.status().is_success()) {
         response = with_compaction_first(response, &add, upstream).await?;
@@ -679,6 +684,7 @@ async fn compact<'e>(
 /// the model is due a sample.
 fn calibration_sample(
     engine: Option<(&CompactionEngine, Api)>,
+    upstream: &str,
     compacted: Option<&Compacted>,
     model: Option<&str>,
 ) -> Option<crate::compaction::engine::CalibrationSample> {
@@ -686,7 +692,7 @@ fn calibration_sample(
     let compacted = compacted?;
     // Routing skims the model only when it needs it; the sample checks the guess on parsing.
     let model = model.or_else(|| model_hint(&compacted.body))?;
-    engine.calibration_sample(api, model, compacted)
+    engine.calibration_sample(api, upstream, model, compacted)
 }
 
 /// The upstream's response, with what compaction did in its headers and the log.

@@ -8,7 +8,12 @@
 //! Bounded and robust: each sample is scaled to its own size (every request weighs the same,
 //! whatever its length), older samples fade (half-life about 23 samples), a sample far from
 //! the current fit counts for less (Huber) and one off by more than 5× not at all (a body the
-//! upstream rewrote, a cached count), weights stay within [0, 8] a character. The models known
+//! upstream rewrote, a cached count). It cannot be dragged: every weight stays within a band
+//! of [`PRIOR_BAND`]× around the configured ratio's (a real tokenizer is never that far off a
+//! character estimate), a count outside that band of the configured estimate is not learned
+//! from, nor one smaller than the request's last message alone (an upstream that reports only
+//! the tokens it evaluated after a prefix-cache hit, or a constant). Each upstream's fit of a
+//! model is its own ([`crate::compaction::windows::calibration_key`]). The models known
 //! are bounded (least used forgotten), and samples are taken sparingly: all of a model's first
 //! [`EAGER_SAMPLES`], then one a second, never two at once.
 
@@ -38,7 +43,11 @@ const FORGETTING: f64 = 0.97;
 const HUBER: f64 = 0.25;
 /// Upstream count over estimate outside [1/5, 5]: not the same body, not learned from.
 const OUTLIER_RATIO: f64 = 5.0;
-const MAX_CHAR_WEIGHT: f64 = 8.0;
+/// How far a learned weight may move from the configured ratio's, either way, and how far a
+/// sample's count may be from the configured estimate to be learned from.
+pub const PRIOR_BAND: f64 = 4.0;
+/// The most a feature whose configured weight is 0 (words, dense runs) may add per unit.
+const MAX_EXTRA_WEIGHT: f64 = 1.0;
 const MAX_MESSAGE_WEIGHT: f64 = 64.0;
 /// The prior's strength, per feature, in the units of a sample scaled to one token: a few
 /// percent of one sample's worth for a class that sample is made of (strong enough to hold the
@@ -155,15 +164,17 @@ impl Calibrations {
         let _ = pending.wait_for(|n| *n == 0).await;
     }
 
-    /// Learns from the upstream's count `counted` of a body with these features.
+    /// Learns from the upstream's count `counted` of a body with these features, whose last
+    /// message alone counts `floor` by the configured estimate.
     pub fn learn(
         &self,
         claim: &SampleClaim,
         features: &[f64; FEATURES],
         counted: u64,
+        floor: u64,
     ) -> Option<Learned> {
         let mut fit = lock(&claim.fit);
-        let learned = fit.learn(features, counted)?;
+        let learned = fit.learn(features, counted, floor)?;
         if matches!(learned, Learned::Used { .. }) && fit.samples >= MIN_SAMPLES {
             self.raise_maxima(&fit.weights);
         }
@@ -176,18 +187,14 @@ impl Calibrations {
         let Ok(weights) = <[f64; FEATURES]>::try_from(shared.weights.as_slice()) else {
             return;
         };
+        let mut fit = lock(&claim.fit);
         let sane = weights.iter().enumerate().all(|(j, w)| {
-            let upper = if j == Weights::MESSAGE {
-                MAX_MESSAGE_WEIGHT
-            } else {
-                MAX_CHAR_WEIGHT
-            };
-            w.is_finite() && (0.0..=upper).contains(w)
+            let (lower, upper) = bounds(&fit.prior, j);
+            w.is_finite() && (lower..=upper).contains(w)
         });
         if !sane || shared.samples < MIN_SAMPLES {
             return;
         }
-        let mut fit = lock(&claim.fit);
         if fit.samples >= MIN_SAMPLES {
             return;
         }
@@ -245,14 +252,21 @@ impl Fit {
         }
     }
 
-    fn learn(&mut self, features: &[f64; FEATURES], counted: u64) -> Option<Learned> {
+    fn learn(&mut self, features: &[f64; FEATURES], counted: u64, floor: u64) -> Option<Learned> {
         self.last_sample = Some(Instant::now());
         let estimate = self.weights.of(features);
-        if counted == 0 || estimate <= 0.0 {
+        let configured = self.prior.of(features);
+        if counted == 0 || estimate <= 0.0 || configured <= 0.0 {
             return None;
         }
         let ratio = estimate / counted as f64;
-        if !(1.0 / OUTLIER_RATIO..=OUTLIER_RATIO).contains(&ratio) {
+        // Measured against the configured estimate, which no sample moves, so a run of
+        // samples each a little lower cannot walk the fit away step by step.
+        let from_configured = configured / counted as f64;
+        if counted < floor
+            || !(1.0 / OUTLIER_RATIO..=OUTLIER_RATIO).contains(&ratio)
+            || !(1.0 / PRIOR_BAND..=PRIOR_BAND).contains(&from_configured)
+        {
             return Some(Learned::Outlier { ratio });
         }
         let error = (1.0 / ratio - 1.0).abs();
@@ -270,26 +284,36 @@ impl Fit {
             self.moment[j] = ridge + FORGETTING * (self.moment[j] - ridge) + weight * row[j];
         }
         self.samples += 1;
-        if let Some(solved) = solve_bounded(&self.gram, &self.moment) {
+        if let Some(solved) = solve_bounded(&self.gram, &self.moment, &self.prior) {
             self.weights = Weights(solved);
         }
         Some(Learned::Used { ratio })
     }
 }
 
-/// Solves `gram · w = moment` with every weight within its bounds: a weight the unbounded
-/// solution puts outside is fixed at the bound and the rest solved again.
+/// The band a learned weight of feature `j` stays in: [`PRIOR_BAND`]× either way of the
+/// configured one; up to [`MAX_EXTRA_WEIGHT`] for a feature configured at 0; the message
+/// framing up to [`MAX_MESSAGE_WEIGHT`].
+fn bounds(prior: &Weights, j: usize) -> (f64, f64) {
+    let configured = prior.0[j];
+    if j == Weights::MESSAGE {
+        (0.0, MAX_MESSAGE_WEIGHT)
+    } else if configured <= 0.0 {
+        (0.0, MAX_EXTRA_WEIGHT)
+    } else {
+        (configured / PRIOR_BAND, configured * PRIOR_BAND)
+    }
+}
+
+/// Solves `gram · w = moment` with every weight within its band around `prior`: a weight the
+/// unbounded solution puts outside is fixed at the bound and the rest solved again.
 fn solve_bounded(
     gram: &[[f64; FEATURES]; FEATURES],
     moment: &[f64; FEATURES],
+    prior: &Weights,
 ) -> Option<[f64; FEATURES]> {
-    let upper = |j: usize| {
-        if j == Weights::MESSAGE {
-            MAX_MESSAGE_WEIGHT
-        } else {
-            MAX_CHAR_WEIGHT
-        }
-    };
+    let lower = |j: usize| bounds(prior, j).0;
+    let upper = |j: usize| bounds(prior, j).1;
     let mut fixed: [Option<f64>; FEATURES] = [None; FEATURES];
     for _ in 0..=FEATURES {
         let free: Vec<usize> = (0..FEATURES).filter(|&j| fixed[j].is_none()).collect();
@@ -309,8 +333,8 @@ fn solve_bounded(
         let solution = gaussian(&mut a, &mut b)?;
         let mut out_of_bounds = false;
         for (&j, &value) in free.iter().zip(&solution) {
-            if value < 0.0 {
-                fixed[j] = Some(0.0);
+            if value < lower(j) {
+                fixed[j] = Some(lower(j));
                 out_of_bounds = true;
             } else if value > upper(j) {
                 fixed[j] = Some(upper(j));
@@ -391,7 +415,7 @@ mod tests {
             for &kind in kinds {
                 let chars = CharCount::of_str(&text(kind, i));
                 let claim = calibrations.claim("m", Weights::prior(4.0)).unwrap();
-                calibrations.learn(&claim, &chars.features(4), true_tokens(&chars, 4));
+                calibrations.learn(&claim, &chars.features(4), true_tokens(&chars, 4), 0);
             }
         }
     }
@@ -431,7 +455,7 @@ mod tests {
         let chars = CharCount::of_str(&text(0, 0));
         let claim = calibrations.claim("m", Weights::prior(4.0)).unwrap();
         assert!(calibrations.claim("m", Weights::prior(4.0)).is_none());
-        let learned = calibrations.learn(&claim, &chars.features(1), 10);
+        let learned = calibrations.learn(&claim, &chars.features(1), 10, 0);
         drop(claim);
         assert!(matches!(learned, Some(Learned::Outlier { .. })));
         // A dropped claim frees the model.

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::compaction::calibration::{Learned, SampleClaim};
+use crate::compaction::windows::calibration_key;
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
 use crate::compaction::front_ends::Api;
@@ -118,6 +119,8 @@ fn log_calibration(model: &str, counted: u64, learned: Learned) {
 pub struct CalibrationSample {
     inner: Arc<Inner>,
     api: Api,
+    /// The upstream and model it calibrates ([`calibration_key`]).
+    key: String,
     model: String,
     body: Bytes,
     claim: SampleClaim,
@@ -133,6 +136,7 @@ impl CalibrationSample {
             let CalibrationSample {
                 inner,
                 api,
+                key,
                 model,
                 body,
                 claim,
@@ -140,30 +144,36 @@ impl CalibrationSample {
             let (windows, store) = (&inner.planner.windows, &inner.planner.store);
             // A model new here starts from what the other replicas learned of it.
             if claim.is_first() && store.has_shared() {
-                if let Some(shared) = store.shared_calibration(&model).await {
+                if let Some(shared) = store.shared_calibration(&key).await {
                     windows.seed_calibration(&claim, &shared);
                 }
             }
             let claimed_model = model.clone();
+            let configured = windows.configured_token_model(&model);
             let features = inner
                 .pool
                 .run(body.len(), move || match api.front_end().parse(&body) {
                     Ok(Parsed::Conversation(conversation))
                         if conversation.model.as_deref() == Some(claimed_model.as_str()) =>
                     {
-                        conversation.features()
+                        // No count of the whole is below half the last message's estimate.
+                        let floor = conversation
+                            .messages
+                            .last()
+                            .map_or(0, |last| last.tokens(&configured) / 2);
+                        conversation.features().map(|features| (features, floor))
                     }
                     _ => None,
                 })
                 .await;
-            let Offloaded::Done(Some(features)) = features else {
+            let Offloaded::Done(Some((features, floor))) = features else {
                 return;
             };
-            let Some(learned) = windows.calibrate(&claim, &features, counted) else {
+            let Some(learned) = windows.calibrate(&claim, &features, counted, floor) else {
                 return;
             };
             if let Some(shared) = windows.calibration_to_share(&claim) {
-                store.share_calibration(&model, &shared).await;
+                store.share_calibration(&key, &shared).await;
             }
             log_calibration(&model, counted, learned);
             inner.metrics.calibration(learned);
@@ -346,24 +356,24 @@ impl CompactionEngine {
 
     /// compactor's count of a body's input (its messages and schemas), as its triggers count
     /// it; None for a body its front-end cannot plan.
-    pub fn count(&self, api: Api, body: &[u8]) -> Option<u64> {
+    pub fn count(&self, api: Api, upstream: &str, body: &[u8]) -> Option<u64> {
         let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
             return None;
         };
         let windows = &self.inner.planner.windows;
-        let model = windows.token_model(conversation.model.as_deref());
+        let model = windows.token_model(upstream, conversation.model.as_deref());
         let messages: u64 = conversation.message_tokens(&model).iter().sum();
         Some(messages + conversation.schema_tokens(&model))
     }
 
     /// A body's input counted as a retry after a context-length error plans it: with the
     /// model's own tokenizer where compactor has it, else the estimate.
-    pub fn count_as_retried(&self, api: Api, body: &[u8]) -> Option<u64> {
+    pub fn count_as_retried(&self, api: Api, upstream: &str, body: &[u8]) -> Option<u64> {
         let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
             return None;
         };
         let windows = &self.inner.planner.windows;
-        let mut model = windows.token_model(conversation.model.as_deref());
+        let mut model = windows.token_model(upstream, conversation.model.as_deref());
         model.exact = windows.encoding(conversation.model.as_deref());
         let messages: u64 = conversation.message_tokens(&model).iter().sum();
         Some(messages + conversation.schema_tokens(&model))
@@ -374,6 +384,7 @@ impl CompactionEngine {
     pub fn calibration_sample(
         &self,
         api: Api,
+        upstream: &str,
         model: &str,
         compacted: &Compacted,
     ) -> Option<CalibrationSample> {
@@ -384,10 +395,15 @@ impl CompactionEngine {
         if !compacted.outcome.counted && compacted.outcome.reason != Reason::UnderTriggerBySize {
             return None;
         }
-        let claim = self.inner.planner.windows.calibration_claim(model)?;
+        let claim = self
+            .inner
+            .planner
+            .windows
+            .calibration_claim(upstream, model)?;
         Some(CalibrationSample {
             inner: self.inner.clone(),
             api,
+            key: calibration_key(upstream, model),
             model: model.to_string(),
             body: compacted.body.clone(),
             claim,
@@ -708,7 +724,7 @@ impl CompactionEngine {
     /// reads the prompt, the summary so far and its chunk, and writes a summary.
     fn summarizer_usage(&self, job: &Job, summary: &CachedSummary) -> SummarizerUsage {
         let planner = &self.inner.planner;
-        let model = planner.windows.token_model(Some(&job.model));
+        let model = planner.windows.token_model(&job.upstream, Some(&job.model));
         let tokens = |text: &str| model.tokens(CharCount::of_str(text)) + model.message_overhead();
         let template = job
             .summary_prompt
@@ -931,7 +947,7 @@ impl Inner {
             let windows = &self.planner.windows;
             let chars = CharCount::of_str(&prompt);
             let features = chars.features(1);
-            let summarizer_model = windows.token_model(Some(&call.model));
+            let summarizer_model = windows.token_model(&call.upstream, Some(&call.model));
             let estimated = summarizer_model.tokens(chars) + summarizer_model.message_overhead();
             let answer = self
                 .summarizer
@@ -962,9 +978,12 @@ impl Inner {
             // The summarizer's count of its own prompt calibrates its model's count, which
             // sizes its next calls.
             if let (Some(counted), Some(claim)) =
-                (summary.input_tokens, windows.calibration_claim(&call.model))
+                (
+                    summary.input_tokens,
+                    windows.calibration_claim(&call.upstream, &call.model),
+                )
             {
-                if let Some(learned) = windows.calibrate(&claim, &features, counted) {
+                if let Some(learned) = windows.calibrate(&claim, &features, counted, 0) {
                     log_calibration(&call.model, counted, learned);
                     self.metrics.calibration(learned);
                 }

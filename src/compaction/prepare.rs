@@ -245,8 +245,15 @@ impl Planner {
     /// Input tokens one summarizer call may take: `trim_tokens_to_summarize` when set, else as
     /// much as the summarizer model's window holds besides the prompt and the summary, else a
     /// size every current model's window holds.
-    fn call_budget(&self, summarizer_model: &str, client_prompt: Option<&str>) -> Option<u64> {
-        let model = self.windows.token_model(Some(summarizer_model));
+    fn call_budget(
+        &self,
+        summarizer_upstream: &str,
+        summarizer_model: &str,
+        client_prompt: Option<&str>,
+    ) -> Option<u64> {
+        let model = self
+            .windows
+            .token_model(summarizer_upstream, Some(summarizer_model));
         // A client's own prompt may be longer than the allowance made for compactor's: it is
         // counted inside the call's budget, once a call, never on top of it.
         let client_prompt_tokens =
@@ -296,7 +303,9 @@ impl Planner {
             Credentials::Headers { .. } => None,
         };
         let (settings, model_name) = self.settings_for(key);
-        let mut token_model = self.windows.token_model(conversation.model.as_deref());
+        let mut token_model = self
+            .windows
+            .token_model(ask.upstream, conversation.model.as_deref());
         let encoding = self.windows.encoding(conversation.model.as_deref());
         if let Some(reactive) = &ask.reactive {
             // A retry counts with the model's own tokenizer where compactor has it, and aims
@@ -737,12 +746,18 @@ impl Planner {
             &plan.cleared,
             previous.as_ref().map(|p| p.text.as_str()),
             &InputSettings {
-                budget: self.call_budget(&context.model, context.summary_prompt),
+                budget: self.call_budget(
+                    &context.upstream,
+                    &context.model,
+                    context.summary_prompt,
+                ),
                 oversize: self.config.oversize,
                 max_calls: self.config.max_summarizer_calls,
                 // Each call is sized in the summarizer model's own count (calibrated by its
                 // replies, its window learned from its errors).
-                model: self.windows.token_model(Some(&context.model)),
+                model: self
+                    .windows
+                    .token_model(&context.upstream, Some(&context.model)),
             },
         );
         Ok(Job {

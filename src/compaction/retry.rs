@@ -59,9 +59,12 @@ impl Retry<'_, '_> {
         let forwarded_tokens = match &sent_before {
             Some(body) => {
                 let (engine, api, body) = (self.engine.clone(), self.api, body.clone());
+                let upstream = target.upstream.name.clone();
                 let counted = self
                     .engine
-                    .offload(body.len(), move || engine.count_as_retried(api, &body))
+                    .offload(body.len(), move || {
+                        engine.count_as_retried(api, &upstream, &body)
+                    })
                     .await;
                 match counted {
                     Offloaded::Done(tokens) => tokens,

@@ -56,11 +56,17 @@ impl Windows {
         }
     }
 
-    /// How `model` counts (calibrated once its upstream has reported enough counts), with the
-    /// smaller of its configured and learned windows.
-    pub fn token_model(&self, model: Option<&str>) -> TokenModel {
+    /// How `model` counts on `upstream` (calibrated once that upstream has reported enough
+    /// counts of it), with the smaller of its configured and learned windows.
+    pub fn token_model(&self, upstream: &str, model: Option<&str>) -> TokenModel {
         let mut token_model = self.table.lookup(model);
-        token_model.calibration = model.and_then(|name| self.learned.calibrations.weights(name));
+        token_model.calibration = model
+            .filter(|name| self.table.calibrates(name))
+            .and_then(|name| {
+                self.learned
+                    .calibrations
+                    .weights(&calibration_key(upstream, name))
+            });
         if let Some(learned) = model.and_then(|name| self.learned.windows.get(name)) {
             let learned = learned.in_estimate(token_model.calibration.is_some());
             token_model.max_input_tokens = Some(match token_model.max_input_tokens {
@@ -97,11 +103,16 @@ impl Windows {
         self.learn(model, LearnedWindow::exact(lower));
     }
 
-    /// The right to calibrate `model` from the upstream's count of this request, when one is
-    /// due.
-    pub fn calibration_claim(&self, model: &str) -> Option<SampleClaim> {
+    /// The right to calibrate `model` on `upstream` from that upstream's count of this
+    /// request, when one is due (and the model is calibrated at all).
+    pub fn calibration_claim(&self, upstream: &str, model: &str) -> Option<SampleClaim> {
+        if !self.table.calibrates(model) {
+            return None;
+        }
         let prior = Weights::prior(self.table.lookup(Some(model)).chars_per_token);
-        self.learned.calibrations.claim(model, prior)
+        self.learned
+            .calibrations
+            .claim(&calibration_key(upstream, model), prior)
     }
 
     pub fn calibrate(
@@ -109,8 +120,16 @@ impl Windows {
         claim: &SampleClaim,
         features: &[f64; FEATURES],
         counted: u64,
+        floor: u64,
     ) -> Option<Calibrated> {
-        self.learned.calibrations.learn(claim, features, counted)
+        self.learned
+            .calibrations
+            .learn(claim, features, counted, floor)
+    }
+
+    /// How `model` counts by its configured ratio alone (no calibration, no tokenizer).
+    pub fn configured_token_model(&self, model: &str) -> TokenModel {
+        self.table.lookup(Some(model))
     }
 
     /// Starts the claimed model from what other replicas learned.
@@ -174,6 +193,12 @@ pub fn learned_window(overflow: &Overflow, estimated_input: u64) -> Option<Learn
     Some(LearnedWindow { limit, scale })
 }
 
+/// One calibration per upstream and model: two upstreams serving a model may count it apart,
+/// and one that reports odd counts must not move the other's. Also the shared tier's key.
+pub fn calibration_key(upstream: &str, model: &str) -> String {
+    format!("{upstream}\u{1f}{model}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,20 +211,20 @@ mod tests {
             ..ModelConfig::default()
         }]);
         assert_eq!(
-            windows.token_model(Some("gpt-4o")).max_input_tokens,
+            windows.token_model("mock", Some("gpt-4o")).max_input_tokens,
             Some(128_000)
         );
         windows.learn("gpt-4o", LearnedWindow::exact(8_000));
         windows.learn("local", LearnedWindow::exact(4_000));
         assert_eq!(
-            windows.token_model(Some("gpt-4o")).max_input_tokens,
+            windows.token_model("mock", Some("gpt-4o")).max_input_tokens,
             Some(8_000)
         );
         assert_eq!(
-            windows.token_model(Some("local")).max_input_tokens,
+            windows.token_model("mock", Some("local")).max_input_tokens,
             Some(4_000)
         );
-        assert_eq!(windows.token_model(Some("other")).max_input_tokens, None);
+        assert_eq!(windows.token_model("mock", Some("other")).max_input_tokens, None);
         assert_eq!(windows.bounds().min_window, Some(4_000));
     }
 

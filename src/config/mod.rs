@@ -250,6 +250,10 @@ pub struct ModelConfig {
     /// A Hugging Face `tokenizer.json` to count this model with near a trigger (an open model
     /// served by vLLM, SGLang, llama.cpp…); takes precedence over `tokenizer`.
     pub tokenizer_file: Option<String>,
+    /// Whether the estimate learns from the usage this model's upstreams report (default
+    /// true): off for an upstream whose counts cannot be trusted (one that reports only the
+    /// tokens it evaluated after a prefix-cache hit, say).
+    pub calibrate: Option<bool>,
 }
 
 /// A `models[].tokenizer` value.

@@ -49,7 +49,7 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
         Some(threshold) => {
             let under = ask
                 .engine
-                .count(Api::Responses, &stripped)
+                .count(Api::Responses, ask.upstream, &stripped)
                 .is_none_or(|tokens| tokens < threshold);
             if under {
                 return Ok(Managed::Stripped(stripped));

@@ -82,10 +82,10 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     }
     // Parsing, editing and counting a large body is CPU work: off the reactor.
     let engine = ask.engine.clone();
-    let owned = Bytes::copy_from_slice(current);
+    let (owned, upstream) = (Bytes::copy_from_slice(current), ask.upstream.to_string());
     let edited = match ask
         .engine
-        .offload(current.len(), move || edit_request(&engine, &owned))
+        .offload(current.len(), move || edit_request(&engine, &upstream, &owned))
         .await
     {
         Offloaded::Done(edited) => edited?,
@@ -138,7 +138,7 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     let stripped = Bytes::from(Value::Object(fields).to_string());
     let under = ask
         .engine
-        .count(Api::Messages, &stripped)
+        .count(Api::Messages, ask.upstream, &stripped)
         .is_none_or(|tokens| tokens < trigger);
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
@@ -193,7 +193,11 @@ struct Edited {
 
 /// Takes the served edits out of a Messages body and applies the context edits; None when it
 /// holds none (or is not one JSON object).
-fn edit_request(engine: &CompactionEngine, body: &[u8]) -> Result<Option<Edited>, ProxyError> {
+fn edit_request(
+    engine: &CompactionEngine,
+    upstream: &str,
+    body: &[u8],
+) -> Result<Option<Edited>, ProxyError> {
     let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
         return Ok(None);
     };
@@ -211,7 +215,7 @@ fn edit_request(engine: &CompactionEngine, body: &[u8]) -> Result<Option<Edited>
     }
     let count = |fields: &Map<String, Value>| {
         let body = serde_json::to_vec(fields).unwrap_or_default();
-        engine.count(Api::Messages, &body).unwrap_or(0)
+        engine.count(Api::Messages, upstream, &body).unwrap_or(0)
     };
     let applied = editing::apply(&mut fields, &edits, &count);
     Ok(Some(Edited {

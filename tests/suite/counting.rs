@@ -265,7 +265,7 @@ fn calibrated_counts_are_within_ten_percent_of_a_real_tokenizer_for_every_class(
                 panic!("a chat body");
             };
             let claim = windows.calibration_claim(MODEL).expect("due a sample");
-            windows.calibrate(&claim, &conversation.features().expect("text"), real);
+            windows.calibrate(&claim, &conversation.features().expect("text"), real, 0);
         }
     }
     // The configured ratio alone is far off (this is what failed before).

@@ -184,6 +184,7 @@ mod tests {
             image_tokens: Some(200),
             tokenizer: None,
             tokenizer_file: None,
+            calibrate: None,
         }])
     }
 

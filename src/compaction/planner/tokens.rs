@@ -227,6 +227,15 @@ impl ModelTable {
         builtins.into_iter().chain(entries).collect()
     }
 
+    /// Whether `model`'s estimate learns from its upstreams' counts (`models[].calibrate`).
+    pub fn calibrates(&self, model: &str) -> bool {
+        self.entries
+            .iter()
+            .find(|(glob, _)| glob.matches(model))
+            .and_then(|(_, entry)| entry.calibrate)
+            .unwrap_or(true)
+    }
+
     /// How `model` counts; its tokenizer, when it has one, is in [`ModelTable::encoding`].
     pub fn lookup(&self, model: Option<&str>) -> TokenModel {
         let model = model.unwrap_or("");
@@ -692,6 +701,7 @@ mod tests {
             image_tokens: Some(170),
             tokenizer: None,
             tokenizer_file: None,
+            calibrate: None,
         }]);
         let gpt = table.lookup(Some("gpt-4o-mini"));
         assert_eq!(gpt.max_input_tokens, Some(128_000));
