@@ -92,6 +92,19 @@ pub enum MockFault {
     Verbose,
 }
 
+/// The input count a reply reports, as servers differ in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Reported {
+    /// Every input token, as OpenAI and Anthropic report them.
+    #[default]
+    Whole,
+    /// Only the tokens past the previous request's, as a local server reports the tokens it
+    /// evaluated after a prefix-cache hit.
+    NewOnly,
+    /// Always this number.
+    Constant(u64),
+}
+
 #[derive(Debug, Clone)]
 pub struct MockOptions {
     pub mode: MockMode,
@@ -105,6 +118,8 @@ pub struct MockOptions {
     pub window: Option<u64>,
     /// How input tokens are counted, for the window and the usage reported.
     pub counting: window::Counting,
+    /// What a non-streamed reply reports of those tokens (with a tokenizer `counting`).
+    pub reported: Reported,
     /// What agent mode does ([`agent`]).
     pub agent: agent::AgentScript,
     /// Whether it implements OpenAI's compaction contract. Without it, as vLLM, SGLang or
@@ -124,6 +139,7 @@ impl Default for MockOptions {
             record: 256,
             window: None,
             counting: window::Counting::Quarter,
+            reported: Reported::Whole,
             agent: agent::AgentScript::default(),
             native_compaction: true,
         }
@@ -153,6 +169,8 @@ struct MockState {
     gates: Mutex<HashMap<String, Arc<Notify>>>,
     fault: Mutex<Option<MockFault>>,
     next_id: AtomicU64,
+    /// The last request's whole input count, for [`Reported::NewOnly`].
+    last_input: AtomicU64,
     /// Released one per request while a test holds requests back ([`MockHandle::hold`]).
     held: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
     arrived: Notify,
@@ -630,7 +648,14 @@ async fn serve_request(
             completion_json(&id, &model, &reply, &request)
         };
         if counting != window::Counting::Quarter {
-            let input = counting.input_tokens(&request);
+            let whole = counting.input_tokens(&request);
+            let previous = state.last_input.swap(whole, Ordering::SeqCst);
+            let input = match options.reported {
+                Reported::Whole => whole,
+                Reported::NewOnly if whole > previous => whole - previous,
+                Reported::NewOnly => whole,
+                Reported::Constant(n) => n,
+            };
             let key = if messages_api || responses_api {
                 "input_tokens"
             } else {

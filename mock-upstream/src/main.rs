@@ -74,6 +74,7 @@ fn main() -> std::process::ExitCode {
         record: cli.record,
         window: cli.window,
         counting: cli.tokenizer,
+        reported: mock_upstream::Reported::Whole,
         native_compaction: !cli.without_native_compaction,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

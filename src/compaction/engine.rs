@@ -14,7 +14,6 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::compaction::calibration::{Learned, SampleClaim};
-use crate::compaction::windows::calibration_key;
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
 use crate::compaction::front_ends::Api;
@@ -37,6 +36,7 @@ use crate::compaction::summaries::summarizer::{
 };
 use crate::compaction::summaries::summary_input;
 use crate::compaction::summaries::vet::{vet, Unusable};
+use crate::compaction::windows::calibration_key;
 use crate::compaction::windows::learned_window;
 use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind, SummarizerUsage};
 use crate::config::{Config, FailMode, NoticeMode};
@@ -977,12 +977,10 @@ impl Inner {
             };
             // The summarizer's count of its own prompt calibrates its model's count, which
             // sizes its next calls.
-            if let (Some(counted), Some(claim)) =
-                (
-                    summary.input_tokens,
-                    windows.calibration_claim(&call.upstream, &call.model),
-                )
-            {
+            if let (Some(counted), Some(claim)) = (
+                summary.input_tokens,
+                windows.calibration_claim(&call.upstream, &call.model),
+            ) {
                 if let Some(learned) = windows.calibrate(&claim, &features, counted, 0) {
                     log_calibration(&call.model, counted, learned);
                     self.metrics.calibration(learned);

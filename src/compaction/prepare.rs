@@ -746,11 +746,7 @@ impl Planner {
             &plan.cleared,
             previous.as_ref().map(|p| p.text.as_str()),
             &InputSettings {
-                budget: self.call_budget(
-                    &context.upstream,
-                    &context.model,
-                    context.summary_prompt,
-                ),
+                budget: self.call_budget(&context.upstream, &context.model, context.summary_prompt),
                 oversize: self.config.oversize,
                 max_calls: self.config.max_summarizer_calls,
                 // Each call is sized in the summarizer model's own count (calibrated by its

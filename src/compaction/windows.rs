@@ -60,13 +60,14 @@ impl Windows {
     /// counts of it), with the smaller of its configured and learned windows.
     pub fn token_model(&self, upstream: &str, model: Option<&str>) -> TokenModel {
         let mut token_model = self.table.lookup(model);
-        token_model.calibration = model
-            .filter(|name| self.table.calibrates(name))
-            .and_then(|name| {
-                self.learned
-                    .calibrations
-                    .weights(&calibration_key(upstream, name))
-            });
+        token_model.calibration =
+            model
+                .filter(|name| self.table.calibrates(name))
+                .and_then(|name| {
+                    self.learned
+                        .calibrations
+                        .weights(&calibration_key(upstream, name))
+                });
         if let Some(learned) = model.and_then(|name| self.learned.windows.get(name)) {
             let learned = learned.in_estimate(token_model.calibration.is_some());
             token_model.max_input_tokens = Some(match token_model.max_input_tokens {
@@ -224,7 +225,10 @@ mod tests {
             windows.token_model("mock", Some("local")).max_input_tokens,
             Some(4_000)
         );
-        assert_eq!(windows.token_model("mock", Some("other")).max_input_tokens, None);
+        assert_eq!(
+            windows.token_model("mock", Some("other")).max_input_tokens,
+            None
+        );
         assert_eq!(windows.bounds().min_window, Some(4_000));
     }
 

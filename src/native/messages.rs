@@ -85,7 +85,9 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     let (owned, upstream) = (Bytes::copy_from_slice(current), ask.upstream.to_string());
     let edited = match ask
         .engine
-        .offload(current.len(), move || edit_request(&engine, &upstream, &owned))
+        .offload(current.len(), move || {
+            edit_request(&engine, &upstream, &owned)
+        })
         .await
     {
         Offloaded::Done(edited) => edited?,

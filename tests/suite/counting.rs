@@ -9,7 +9,7 @@ use crate::common::*;
 use compactor::compaction::front_ends::{Api, Parsed};
 use compactor::compaction::windows::Windows;
 use mock_upstream::window::Counting;
-use mock_upstream::{MockHandle, MockMode, MockOptions};
+use mock_upstream::{MockHandle, MockMode, MockOptions, Reported};
 use serde_json::{json, Value};
 
 const MODEL: &str = "local-model";
@@ -237,7 +237,7 @@ fn estimate(windows: &Windows, body: &[u8]) -> u64 {
     else {
         panic!("a chat body");
     };
-    let model = windows.token_model(Some(MODEL));
+    let model = windows.token_model("mock", Some(MODEL));
     conversation.schema_tokens(&model) + conversation.message_tokens(&model).iter().sum::<u64>()
 }
 
@@ -264,7 +264,9 @@ fn calibrated_counts_are_within_ten_percent_of_a_real_tokenizer_for_every_class(
             else {
                 panic!("a chat body");
             };
-            let claim = windows.calibration_claim(MODEL).expect("due a sample");
+            let claim = windows
+                .calibration_claim("mock", MODEL)
+                .expect("due a sample");
             windows.calibrate(&claim, &conversation.features().expect("text"), real, 0);
         }
     }
@@ -272,7 +274,10 @@ fn calibrated_counts_are_within_ten_percent_of_a_real_tokenizer_for_every_class(
     eprintln!("uncalibrated: {uncalibrated:?}");
     let worst = uncalibrated.iter().map(|(_, off)| *off).fold(0.0, f64::max);
     assert!(worst > 0.2, "uncalibrated was already within {worst}");
-    assert!(windows.token_model(Some(MODEL)).calibration.is_some());
+    assert!(windows
+        .token_model("mock", Some(MODEL))
+        .calibration
+        .is_some());
     for class in CLASSES {
         for _ in 0..5 {
             let turns = 1 + rng.below(10) as usize;
@@ -296,9 +301,19 @@ struct Tokenized {
 /// compactor in front of a chat upstream and a summarizer that both count with a real tokenizer
 /// and enforce their windows, the chat model's window declared, the summarizer's `window`.
 async fn tokenized(summarizer_window: u64, summarization: &str) -> Tokenized {
+    tokenized_reporting(summarizer_window, summarization, Reported::Whole).await
+}
+
+/// [`tokenized`] with a chat upstream that reports its input count as `reported` says.
+async fn tokenized_reporting(
+    summarizer_window: u64,
+    summarization: &str,
+    reported: Reported,
+) -> Tokenized {
     let chat = mock(MockOptions {
         window: Some(4_000),
         counting: TOKENIZER,
+        reported,
         ..MockOptions::default()
     })
     .await;
@@ -526,4 +541,62 @@ async fn an_open_model_is_counted_with_its_tokenizer_json() {
     let response = post(&proxy, &body(&messages)).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(header(&response, "x-compactor-tokens-count"), "exact");
+}
+
+#[tokio::test]
+async fn an_upstream_that_reports_odd_counts_cannot_drag_the_count_down() {
+    // One that reports only the tokens past its prefix cache, one that reports a constant,
+    // and one that reports its tokenizer's whole count: under every one, each turn well over
+    // the trigger (by the upstream's own tokenizer) is compacted.
+    for reported in [Reported::NewOnly, Reported::Constant(1), Reported::Whole] {
+        let stack = tokenized_reporting(
+            8_000,
+            "  trigger: [{type: tokens, value: 1500}]\n",
+            reported,
+        )
+        .await;
+        let mut rng = Rng(0x5eed_0001);
+        let mut messages = conversation(Class::Prose, &mut rng, 1);
+        let mut over = 0;
+        for t in 0..24 {
+            let question = messages.pop().expect("the last question");
+            messages.extend(turn(Class::Prose, &mut rng, 200 + t));
+            messages.push(question);
+            let response = send(&stack, &messages, false).await;
+            assert_eq!(
+                response.status,
+                200,
+                "{reported:?} turn {t}: {}",
+                response.text()
+            );
+            let real = TOKENIZER.input_tokens(&body(&messages));
+            if real as f64 > 1_500.0 * 1.3 {
+                over += 1;
+                assert!(
+                    ["summarized", "reused"].contains(&outcome(&response).as_str()),
+                    "{reported:?} turn {t}: {real} real tokens, not compacted ({})",
+                    header(&response, "x-compactor-tokens-before")
+                );
+            }
+        }
+        assert!(
+            over >= 8,
+            "{reported:?}: the conversation grew well past the trigger"
+        );
+        if reported == Reported::Whole {
+            let last = send(&stack, &messages, false).await;
+            assert_eq!(header(&last, "x-compactor-tokens-count"), "calibrated");
+        }
+    }
+}
+
+#[test]
+fn calibration_can_be_turned_off_per_model() {
+    let config = compactor::config::Config::from_yaml(
+        "upstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\nmodels:\n  - match: \"local-*\"\n    calibrate: false\n",
+    )
+    .expect("valid");
+    let windows = Windows::new(&config.models);
+    assert!(windows.calibration_claim("mock", MODEL).is_none());
+    assert!(windows.calibration_claim("mock", "other-model").is_some());
 }
