@@ -24,6 +24,23 @@ use crate::config::LimitsConfig;
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddress(pub std::net::IpAddr);
 
+/// A connection's place under the listener's caps, as something that can be held.
+pub trait Place: Send + Sync {
+    /// Keeps the place, busy (never closed to make room), for as long as the value lives.
+    fn hold(self: Arc<Self>) -> Box<dyn Send>;
+}
+
+/// An upgrade request's connection place, put in its extensions by the listener: a WebSocket
+/// relay keeps it after the handler returns, since it still holds the client's socket.
+#[derive(Clone)]
+pub struct ConnectionPlace(pub Arc<dyn Place>);
+
+impl ConnectionPlace {
+    pub fn hold(self) -> Box<dyn Send> {
+        self.0.hold()
+    }
+}
+
 /// The minimum body rate is measured over this much waiting: a body may be this far behind the
 /// rate at any moment, so a stall this long ends it whatever arrived before (a burst earns no
 /// more than this). Time the consumer spends not reading (the upstream pushing back) is not

@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 use crate::headers::strip_own;
-use crate::server::ConnectionPlace;
+use crate::inbound::ConnectionPlace;
 use crate::upstream::Upstream;
 
 /// How many relays may be open at once, how long one may sit silent, and how long one may

@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use crate::app::App;
 use crate::config::Config;
 use crate::config::LimitsConfig;
-use crate::inbound::ClientAddress;
+use crate::inbound::{ClientAddress, ConnectionPlace, Place};
 
 /// Installs the process-wide rustls crypto provider (ring); harmless when already installed.
 pub fn install_crypto_provider() {
@@ -114,23 +114,18 @@ struct OpenConnection {
     evict: Arc<Notify>,
 }
 
-/// A connection's place, handed to a WebSocket relay through the upgrade request's extensions:
-/// the relay keeps it (busy, so never closed to make room) for as long as it lasts.
-#[derive(Clone)]
-pub struct ConnectionPlace(Arc<Slot>);
-
 /// A connection place held busy by a relay.
-pub struct HeldPlace {
+struct HeldPlace {
     _guard: ActivityGuard,
     _place: Arc<Slot>,
 }
 
-impl ConnectionPlace {
-    pub fn hold(self) -> HeldPlace {
-        HeldPlace {
-            _guard: self.0.activity.begin(),
-            _place: self.0,
-        }
+impl Place for Slot {
+    fn hold(self: Arc<Self>) -> Box<dyn Send> {
+        Box::new(HeldPlace {
+            _guard: self.activity.begin(),
+            _place: self,
+        })
     }
 }
 

@@ -259,6 +259,9 @@ impl Planner {
         let client_prompt_tokens =
             client_prompt.map_or(0, |prompt| model.tokens(CharCount::of_str(prompt)));
         if let Some(budget) = self.config.trim_tokens_to_summarize {
+            if client_prompt_tokens == 0 {
+                return Some(budget);
+            }
             return Some(
                 budget
                     .saturating_sub(client_prompt_tokens)

@@ -535,8 +535,10 @@ async fn a_replica_starts_from_the_calibration_another_learned() {
     for i in 0..3 {
         assert_eq!(send(&first, &format!("a{i}")).await.status, 200);
     }
-    // The first replica offers its calibration once usable (three samples of the model).
-    let digest: String = Sha256::digest(b"local-model")
+    // The first replica offers its calibration once usable (three samples of the model on its
+    // upstream).
+    let calibrated = compactor::compaction::windows::calibration_key("mock", "local-model");
+    let digest: String = Sha256::digest(calibrated.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
