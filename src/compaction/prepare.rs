@@ -3,8 +3,9 @@
 //! for anything that needs no summarizer call, the new body itself. What needs a call is handed to
 //! the engine as a [`Job`]; a summary worth making ahead of need as a second one.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use crate::compaction::front_ends::chat::{parse_message, summary_message};
 use crate::compaction::front_ends::{Api, Parsed};
@@ -27,6 +28,7 @@ use crate::compaction::windows::{learned_window, Windows};
 use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind};
 use crate::config::{Config, SummarizationConfig};
 use crate::metrics::Metrics;
+use crate::poison::lock;
 
 /// The prompt's own words and the previous summary's framing, besides the transcript.
 const PROMPT_ALLOWANCE_TOKENS: u64 = 1024;
@@ -196,7 +198,12 @@ pub(super) struct Planner {
     per_key: HashMap<String, KeySettings>,
     pub windows: Windows,
     pub store: SummaryStore,
+    /// Models whose unreachable trigger was already reported.
+    warned_unreachable: Mutex<HashSet<String>>,
 }
+
+/// Models an unreachable trigger is reported for, at most: the log says it once each.
+const UNREACHABLE_WARNINGS: usize = 1024;
 
 impl Planner {
     /// The planner of `config`; with `previous` (a reload), its summaries (see
@@ -226,6 +233,7 @@ impl Planner {
             per_key,
             windows: Windows::carrying(&config.models, previous.map(|p| &p.windows)),
             store: SummaryStore::new(config, previous.map(|p| &p.store), metrics.clone()),
+            warned_unreachable: Mutex::default(),
         }
     }
 
@@ -544,7 +552,14 @@ impl Planner {
                 layout,
                 summary,
                 chain,
-            } => self.reuse(context, &plan, (layout, summary, chain), base, next),
+                unreachable,
+            } => {
+                if let Some(bound) = unreachable {
+                    self.warn_unreachable(&context.conversation.model, *bound);
+                }
+                let reason = unreachable.map(|_| Reason::TriggerUnreachable);
+                self.reuse(context, &plan, (layout, summary, chain), base, next, reason)
+            }
             Decision::Summarize {
                 layout,
                 to_summarize,
@@ -642,6 +657,7 @@ impl Planner {
         (layout, summary, chain): (&Layout, &CachedSummary, &[Digest]),
         base: Outcome,
         next: Next,
+        why: Option<Reason>,
     ) -> Prepared {
         let Ok(splice) = self.splice(context.conversation, layout, &plan.cleared) else {
             let outcome = Outcome {
@@ -652,7 +668,7 @@ impl Planner {
             return Prepared::Forward { outcome, next };
         };
         let announce = self.store.local().take_made_ahead(&chain[layout.cut]);
-        let reason = match (context.reason, announce) {
+        let reason = match (context.reason.or(why), announce) {
             (Some(reason), _) => reason,
             (None, true) => Reason::Precomputed,
             (None, false) => Reason::Sticky,
@@ -670,6 +686,23 @@ impl Planner {
             notice: announce,
             next,
         }
+    }
+
+    /// Says once per model (the first [`UNREACHABLE_WARNINGS`] models) that its trigger cannot
+    /// be reached, and which would be.
+    fn warn_unreachable(&self, model: &Option<Cow<'_, str>>, bound: u64) {
+        let model = model.as_deref().unwrap_or_default();
+        let mut warned = lock(&self.warned_unreachable);
+        if warned.len() >= UNREACHABLE_WARNINGS || !warned.insert(model.to_string()) {
+            return;
+        }
+        let suggested = bound.div_ceil(1000) * 1000;
+        tracing::warn!(
+            model,
+            reuse_until_tokens = bound,
+            suggested_trigger_tokens = suggested,
+            "what no summary can take away (system, tools, pinned turns, the latest turn) is over a token trigger: summaries cannot bring requests under it, so the cached summary is reused until requests reach {bound} tokens (outcome reason trigger_unreachable); a trigger of about {suggested} tokens would be reached"
+        );
     }
 
     /// The `truncate` stage's body, when the plan has one.

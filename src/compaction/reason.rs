@@ -40,6 +40,9 @@ pub enum Reason {
     Fresh,
     Incremental,
     Sticky,
+    /// Reused: what no summary takes away is at a trigger already, so a new summary could not
+    /// bring the request under it.
+    TriggerUnreachable,
     Precomputed,
     /// After the upstream refused the request for its length.
     Reactive,
@@ -91,6 +94,7 @@ impl Reason {
             Reason::Fresh => "fresh",
             Reason::Incremental => "incremental",
             Reason::Sticky => "sticky",
+            Reason::TriggerUnreachable => "trigger_unreachable",
             Reason::Precomputed => "precomputed",
             Reason::Reactive => "reactive",
             Reason::ReactiveRefused => "reactive_refused",

@@ -542,3 +542,45 @@ async fn random_tool_heavy_conversations_through_every_stage_are_always_accepted
         assert!(seen.get(outcome).is_some_and(|n| *n > 5), "{seen:?}");
     }
 }
+
+#[tokio::test]
+async fn an_agent_whose_fixed_part_sits_at_the_trigger_is_not_summarized_every_turn() {
+    // Claude Code 2.1.197's shape, scaled down: the system prompt fills a 2 000-token trigger,
+    // so no summary can bring a request under it. A summary is made, then reused while the
+    // request grows into the room headroom would leave (8 calls in 30 steps here, one each 4
+    // steps), instead of a summarizer call on every step (29 before).
+    let stack = stack_with(
+        "  trigger: [{type: tokens, value: 2000}]\n  keep: {type: messages, value: 4}\n  max_calls_per_minute_per_tenant: 1000\n",
+        MockOptions::default(),
+    )
+    .await;
+    let system = "You are an agent. Follow the rules. ".repeat(215);
+    let mut messages = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "Fix the failing test."}),
+    ];
+    let mut compacted = 0;
+    for step in 0..30 {
+        let id = format!("call_{step}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read", "arguments": format!("{{\"path\":\"src/{step}.rs\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": format!("fn f{step}() {{}} ").repeat(30)}));
+        let response = send_chat(&stack.proxy, &messages, &[]).await;
+        assert_eq!(response.status, 200, "step {step}: {}", response.text());
+        if ["summarized", "reused"].contains(&outcome(&response).as_str()) {
+            compacted += 1;
+        }
+    }
+    assert!(compacted >= 20, "the run was compacted ({compacted} of 30)");
+    let calls = stack.summarizer.chat_calls();
+    assert!(
+        calls <= 10,
+        "{calls} summarizer calls in 30 steps: one per step is what this replaces"
+    );
+    let metrics = get(&stack.proxy.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(
+            r#"compactor_compactions_total{outcome="reused",reason="trigger_unreachable"}"#
+        ),
+        "the reuse says why: {metrics}"
+    );
+}

@@ -52,6 +52,10 @@ impl Stages {
     }
 }
 
+/// The share of the room past an unreachable trigger that a reused summary may grow into when
+/// headroom is off (headroom's own default).
+const UNREACHABLE_HEADROOM: f64 = 0.75;
+
 /// What a plan is for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode {
@@ -177,6 +181,10 @@ pub enum Decision {
         summary: CachedSummary,
         /// The conversation's prefix chain: its digests are the cache keys of this scope.
         chain: Vec<Digest>,
+        /// Reused because no new summary could bring the request under a trigger (what no
+        /// summary takes away is at it already): the size requests may grow to before one is
+        /// made anyway.
+        unreachable: Option<u64>,
     },
     /// Summarize `to_summarize` (on top of `previous` when given).
     Summarize {
@@ -199,6 +207,7 @@ enum Choice {
     Reuse {
         layout: Layout,
         summary: CachedSummary,
+        unreachable: Option<u64>,
     },
     Summarize {
         layout: Layout,
@@ -512,10 +521,15 @@ impl Ready<'_, '_> {
                     reason: Reason::InvalidToolStructure,
                 }
             }
-            Choice::Reuse { layout, summary } => Decision::Reuse {
+            Choice::Reuse {
+                layout,
+                summary,
+                unreachable,
+            } => Decision::Reuse {
                 layout,
                 summary,
                 chain: chain(),
+                unreachable,
             },
             Choice::Summarize {
                 layout,
@@ -1183,7 +1197,21 @@ impl Analysis {
             return Choice::Reuse {
                 layout: reuse_layout(false),
                 summary: cached,
+                unreachable: None,
             };
+        }
+        // A summary made now could not get under the trigger either: it is paid for only once
+        // the request has grown as far past what cannot be summarized as headroom allows.
+        if mode == Mode::Normal {
+            if let Some(bound) = self.unreachable_bound(settings, cached.tokens) {
+                if tokens < bound {
+                    return Choice::Reuse {
+                        layout: reuse_layout(true),
+                        summary: cached,
+                        unreachable: Some(bound),
+                    };
+                }
+            }
         }
         // Ahead of need, the request as forwarded is the cached layout: it grows from there.
         let goal = match mode {
@@ -1203,6 +1231,7 @@ impl Analysis {
             return Choice::Reuse {
                 layout: reuse_layout(true),
                 summary: cached,
+                unreachable: None,
             };
         }
         let Some((layout, to_summarize)) = self.widen_to_span(
@@ -1218,6 +1247,7 @@ impl Analysis {
             return Choice::Reuse {
                 layout: reuse_layout(true),
                 summary: cached,
+                unreachable: None,
             };
         };
         Choice::Summarize {
@@ -1226,6 +1256,30 @@ impl Analysis {
             to_summarize,
             previous: Some(cached),
         }
+    }
+
+    /// When what no summary takes away (the pinned head, the schemas, the context kept
+    /// verbatim and the last group, with a summary of `summary_tokens`) is at a token trigger
+    /// already, no summary brings a request under it: the size a reused summary may grow to
+    /// before another is worth its call (that floor with the room headroom leaves under a
+    /// reachable trigger, never past a trigger the floor is still under). None while every
+    /// trigger can be reached.
+    fn unreachable_bound(&self, settings: &PlanSettings, summary_tokens: u64) -> Option<u64> {
+        let kept = self.kept_in_span(self.max_cut, self.head, &[]);
+        let (floor, _) = self.projected(self.max_cut, &kept, summary_tokens);
+        let headroom = settings.headroom.unwrap_or(UNREACHABLE_HEADROOM);
+        let mut bound = (floor as f64 / headroom).ceil() as u64;
+        let mut reached = false;
+        for threshold in &self.thresholds {
+            if let Threshold::Tokens(value) = *threshold {
+                if floor >= value {
+                    reached = true;
+                } else {
+                    bound = bound.min(value);
+                }
+            }
+        }
+        reached.then_some(bound)
     }
 
     /// The layout that reuses `cached` as it stands.
