@@ -61,8 +61,9 @@ struct Serving {
 /// cap, a connection with nothing in flight is closed to make room (as nginx reuses idle
 /// keep-alive connections): idle sockets never lock out a client with work. At the global cap
 /// it is taken from the address that holds the most, so churning sockets from other addresses
-/// closes the churner's own before anyone else's; and never one idle for less than the grace,
-/// so a keep-alive client between two requests keeps its socket. Only when no connection in
+/// closes the churner's own before anyone else's; and never one that has served a request and
+/// been idle for less than the grace since, so a keep-alive client between two requests keeps
+/// its socket (a socket that never sent a request can go at once). Only when no connection in
 /// the way can go is a new one refused.
 #[derive(Clone)]
 pub struct ConnectionSlots {
@@ -168,7 +169,9 @@ impl Registry {
             .iter()
             .filter(|(_, open)| address.is_none_or(|a| open.address == a))
             .filter(|(_, open)| open.activity.in_flight() == 0)
-            .filter(|(_, open)| open.activity.changed_at() <= grace_until)
+            .filter(|(_, open)| {
+                !open.activity.has_served() || open.activity.changed_at() <= grace_until
+            })
             .min_by_key(|(_, open)| {
                 let held = per_address.get(&open.address).copied().unwrap_or(0);
                 (std::cmp::Reverse(held), open.activity.changed_at())
@@ -606,6 +609,8 @@ struct Activity {
     changed_at: AtomicU64,
     header_bytes: AtomicUsize,
     header_budget: Arc<HeaderBytes>,
+    /// Whether a request ever began on it (only a client's connection earns the grace).
+    served: AtomicBool,
 }
 
 struct ActivityGuard(Arc<Activity>);
@@ -618,6 +623,7 @@ impl Activity {
             changed_at: AtomicU64::new(0),
             header_bytes: AtomicUsize::new(0),
             header_budget,
+            served: AtomicBool::new(false),
         };
         activity.touch();
         activity
@@ -645,8 +651,13 @@ impl Activity {
         self.changed_at.load(Ordering::Acquire)
     }
 
+    fn has_served(&self) -> bool {
+        self.served.load(Ordering::Acquire)
+    }
+
     fn begin(self: &Arc<Self>) -> ActivityGuard {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.served.store(true, Ordering::Release);
         self.touch();
         // The headers read so far are this request's now, bounded with it.
         self.header_budget

@@ -121,37 +121,41 @@ async fn relays_count_against_the_address_cap_and_end_at_their_lifetime() {
     assert!(head.starts_with("http/1.1 101"), "{head}");
 }
 
-/// A keep-alive client that has just been served: its connection idle, open.
-async fn served_keep_alive(proxy: &Proxy, from: IpAddr) -> RawClient {
-    let client = client_from(from);
-    let response = roundtrip(
-        &client,
-        json_request(
-            &proxy.url("/v1/chat/completions"),
-            chat_body("first", false),
-            &[],
-        ),
-    )
-    .await;
-    assert_eq!(response.status, StatusCode::OK);
-    client
+/// One request on a kept-alive raw connection, and its answer's head and body read whole.
+async fn keep_alive_request(stream: &mut TcpStream) -> Option<String> {
+    let body = chat_body("served?", false);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let head = read_head(stream).await;
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())?;
+    let mut answer = vec![0u8; length];
+    tokio::time::timeout(BOUND, stream.read_exact(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    Some(head)
 }
 
-async fn still_served(client: &RawClient, proxy: &Proxy) {
-    let response = tokio::time::timeout(
-        BOUND,
-        send(
-            client,
-            json_request(
-                &proxy.url("/v1/chat/completions"),
-                chat_body("again", false),
-                &[],
-            ),
-        ),
-    )
-    .await
-    .expect("answered within the bound");
-    assert_eq!(response.status(), StatusCode::OK);
+/// A keep-alive client from `from` that has just been served: its connection idle, open.
+async fn served_keep_alive(proxy: &Proxy, from: IpAddr) -> TcpStream {
+    let mut stream = connect_from(proxy, from).await;
+    let head = keep_alive_request(&mut stream).await.expect("served");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    stream
+}
+
+/// The client's next request on the same connection is answered: it was not closed.
+async fn still_served(stream: &mut TcpStream) {
+    let head = keep_alive_request(stream)
+        .await
+        .expect("the keep-alive connection is still open");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
 }
 
 #[tokio::test]
@@ -162,7 +166,7 @@ async fn at_the_cap_the_address_holding_most_makes_room_not_a_keep_alive_client(
         "limits:\n  max_connections: 4\n  eviction_grace_secs: 0\n",
     ))
     .await;
-    let good = served_keep_alive(&proxy, [127, 0, 0, 1].into()).await;
+    let mut good = served_keep_alive(&proxy, [127, 0, 0, 1].into()).await;
     // The good client's connection is now the idlest; another address holds two.
     let churner: IpAddr = [127, 0, 0, 2].into();
     let mut held = [
@@ -177,34 +181,27 @@ async fn at_the_cap_the_address_holding_most_makes_room_not_a_keep_alive_client(
         "",
         "closed without a word"
     );
-    still_served(&good, &proxy).await;
+    still_served(&mut good).await;
 }
 
 #[tokio::test]
-async fn a_connection_within_the_grace_is_never_closed_to_make_room() {
+async fn a_keep_alive_connection_within_the_grace_is_never_closed_to_make_room() {
     let mock = echo_mock().await;
     let proxy = proxy(&config_for(
         &mock,
         "limits:\n  max_connections: 3\n  eviction_grace_secs: 600\n",
     ))
     .await;
-    let good = served_keep_alive(&proxy, [127, 0, 0, 1].into()).await;
-    let _others = [
-        connect_from(&proxy, [127, 0, 0, 2].into()).await,
-        connect_from(&proxy, [127, 0, 0, 3].into()).await,
-    ];
-    // Churned sockets from other addresses find nobody to close: they are refused.
-    for i in 4..8u8 {
-        let mut churned = connect_from(&proxy, [127, 0, 0, i].into()).await;
-        churned
-            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .expect("writes");
-        assert!(read_to_close(&mut churned)
-            .await
-            .starts_with("HTTP/1.1 503"));
+    let mut good = served_keep_alive(&proxy, [127, 0, 0, 1].into()).await;
+    // Sockets churned from other addresses, one each: they make room for each other (a socket
+    // that never sent a request earns no grace), never at the client's expense.
+    let mut churned = Vec::new();
+    for i in 2..12u8 {
+        churned.push(connect_from(&proxy, [127, 0, 0, i].into()).await);
     }
-    still_served(&good, &proxy).await;
+    // The newest churned sockets are still open; the first ones were closed for them.
+    assert_eq!(read_to_close(&mut churned[0]).await, "");
+    still_served(&mut good).await;
 }
 
 #[tokio::test]
