@@ -248,7 +248,12 @@ async fn busy_connection(proxy: &Proxy, from: std::net::IpAddr) -> TcpStream {
 #[tokio::test]
 async fn idle_connections_at_the_cap_make_room_for_a_client_with_work() {
     let mock = echo_mock().await;
-    let proxy = proxy(&config_for(&mock, "limits:\n  max_connections: 3\n")).await;
+    // No grace: each client, once served, is idle and may make room for the next.
+    let proxy = proxy(&config_for(
+        &mock,
+        "limits:\n  max_connections: 3\n  eviction_grace_secs: 0\n",
+    ))
+    .await;
     let mut idle = Vec::new();
     for _ in 0..3 {
         idle.push(connect(&proxy).await);
