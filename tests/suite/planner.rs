@@ -692,9 +692,17 @@ fn a_cached_entry_that_names_a_message_twice_or_out_of_order_is_not_used() {
             message: 1,
             calls: vec![0; 1000],
         }],
-        ..honest
+        ..honest.clone()
     };
     assert!(!reused(repeated_calls), "one call named a thousand times");
+    // Signed (by a replica of this deployment, or by whoever holds its key) and recounted, a
+    // summary larger than the messages it stands for would grow the body: not used.
+    let bloated = CachedSummary {
+        text: "S".repeat(40_000),
+        tokens: 10_000,
+        ..honest
+    };
+    assert!(!reused(bloated), "a summary larger than what it replaces");
 }
 
 #[test]

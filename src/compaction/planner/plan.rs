@@ -866,6 +866,15 @@ impl Analysis {
             && cached.splits.iter().all(|split| {
                 cached.excluded.binary_search(&split.message).is_ok() && increasing(&split.calls)
             })
+            && cached.tokens <= self.replaced_by(cached)
+    }
+
+    /// Tokens of what a cached summary stands for (its span less what it kept back): a summary
+    /// larger than that would grow the body, whoever signed it.
+    fn replaced_by(&self, cached: &CachedSummary) -> u64 {
+        let span = self.suffix[self.head].saturating_sub(self.suffix[cached.cut]);
+        let kept: u64 = cached.excluded.iter().map(|&i| self.tokens[i]).sum();
+        span.saturating_sub(kept)
     }
 
     /// (tokens, messages) of `[pinned, summary, excluded…, messages[cut..]]`.
