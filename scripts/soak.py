@@ -103,6 +103,17 @@ for thread in threads:
 with lock:
     for outcome in sorted(counts):
         print(f"  {outcome}: {counts[outcome]}")
+# What the configured caps hold at the end: the summary cache against cache.max_bytes.
+try:
+    metrics = http.client.HTTPConnection(host, int(port), timeout=10)
+    metrics.request("GET", "/metrics")
+    text = metrics.getresponse().read().decode()
+    for line in text.splitlines():
+        if line.startswith(("compactor_summary_cache_bytes", "compactor_summary_cache_entries",
+                            "compactor_summarizer_calls_total", "compactor_compactions_total")):
+            print(f"  {line}")
+except OSError as error:
+    print(f"  metrics unavailable: {error}")
 last_quarter = [rss for at, rss in samples if at >= 0.75 * samples[-1][0]]
 half = [rss for at, rss in samples if 0.5 * samples[-1][0] <= at < 0.75 * samples[-1][0]]
 print(f"plateau: RSS {min(last_quarter):.0f}-{max(last_quarter):.0f} MB over the last quarter "
