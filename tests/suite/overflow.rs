@@ -44,6 +44,24 @@ async fn windowed(window: u64, summarization: &str, extra: &str) -> Windowed {
     }
 }
 
+/// compactor in front of a `chat` upstream and a summarizer, keeping the last 4 messages, with
+/// these `summarization` lines: the chat mock, the summarizer and the proxy.
+async fn chat_stack(chat: MockOptions, summarization: &str) -> (MockHandle, MockHandle, Proxy) {
+    let chat = mock(chat).await;
+    let summarizer = mock(MockOptions {
+        mode: MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:\n  - name: chat\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  keep: {{type: messages, value: 4}}\n{summarization}",
+        chat.base_url(),
+        summarizer.base_url()
+    );
+    let proxy = proxy(&yaml).await;
+    (chat, summarizer, proxy)
+}
+
 /// A chat of `turns` user/assistant pairs, each message about `chars` characters.
 fn chat_history(turns: usize, chars: usize) -> Vec<Value> {
     let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
@@ -463,23 +481,15 @@ async fn truncation_keeps_messages_and_responses_requests_valid_for_their_apis()
 #[tokio::test]
 async fn with_the_summarizer_budget_spent_the_cached_summary_still_keeps_the_request_in_its_window()
 {
-    let upstream = mock(MockOptions {
-        mode: MockMode::Echo,
-        window: Some(3_500),
-        ..MockOptions::default()
-    })
+    let (upstream, summarizer, proxy) = chat_stack(
+        MockOptions {
+            mode: MockMode::Echo,
+            window: Some(3_500),
+            ..MockOptions::default()
+        },
+        "  trigger: [{type: tokens, value: 1500}]\n  max_calls_per_minute_per_tenant: 1\n",
+    )
     .await;
-    let summarizer = mock(MockOptions {
-        mode: MockMode::Summarizer,
-        ..MockOptions::default()
-    })
-    .await;
-    let yaml = format!(
-        "upstreams:\n  - name: chat\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 1500}}]\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1\n",
-        upstream.base_url(),
-        summarizer.base_url()
-    );
-    let proxy = proxy(&yaml).await;
     let first = json!({"model": "local-model", "messages": chat_history(10, 400)});
     let response = post(&proxy, "/v1/chat/completions", &first, &[]).await;
     assert_eq!(outcome(&response), "summarized");
@@ -512,24 +522,16 @@ async fn a_retry_aims_under_the_refused_size_in_the_counting_its_plan_uses() {
     // names no limit. compactor has that tokenizer too (gpt-4o): the retry's plan counts with
     // it, so the size it aims under must be counted the same way, not by the estimate (which
     // puts these long words at several times their real count).
-    let chat = mock(MockOptions {
-        mode: MockMode::Echo,
-        window: Some(3_000),
-        counting: mock_upstream::window::Counting::O200k,
-        ..MockOptions::default()
-    })
+    let (chat, _summarizer, proxy) = chat_stack(
+        MockOptions {
+            mode: MockMode::Echo,
+            window: Some(3_000),
+            counting: mock_upstream::window::Counting::O200k,
+            ..MockOptions::default()
+        },
+        "  trigger: [{type: tokens, value: 1000000}]\n",
+    )
     .await;
-    let summarizer = mock(MockOptions {
-        mode: MockMode::Summarizer,
-        ..MockOptions::default()
-    })
-    .await;
-    let yaml = format!(
-        "upstreams:\n  - name: chat\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 1000000}}]\n  keep: {{type: messages, value: 4}}\n",
-        chat.base_url(),
-        summarizer.base_url()
-    );
-    let proxy = proxy(&yaml).await;
     let mut input = vec![json!({"role": "user", "content": "Tidy the module."})];
     for step in 0..24 {
         let id = format!("call_{step}");
