@@ -25,7 +25,10 @@ use tokio_util::task::TaskTracker;
 use crate::app::App;
 use crate::config::Config;
 use crate::config::LimitsConfig;
+use crate::headers::PROXY_ERROR;
 use crate::inbound::{ClientAddress, ConnectionPlace, Place};
+
+const CLOSE: hyper::header::HeaderValue = hyper::header::HeaderValue::from_static("close");
 
 /// Installs the process-wide rustls crypto provider (ring); harmless when already installed.
 pub fn install_crypto_provider() {
@@ -386,6 +389,7 @@ async fn serve_connection(
             let (app, linger) = (app.clone(), linger.clone());
             let guard = activity.begin();
             let sends_body = !request.body().is_end_stream();
+            let http1 = request.version() < hyper::Version::HTTP_2;
             request.extensions_mut().insert(ClientAddress(address));
             if request.headers().contains_key(hyper::header::UPGRADE) {
                 // A relay goes on holding this connection's place after the handler returns.
@@ -394,11 +398,20 @@ async fn serve_connection(
                     .insert(ConnectionPlace(place.clone()));
             }
             async move {
-                let response = crate::proxy::handle(app, request).await?;
+                let mut response = crate::proxy::handle(app, request).await?;
                 if sends_body && response.status().as_u16() >= 400 {
                     // Answered, perhaps before the body was read: closing now would reset the
                     // connection under a client still writing, and lose the answer.
                     linger.store(true, Ordering::Release);
+                    if http1 && response.headers().contains_key(PROXY_ERROR) {
+                        // compactor's own refusals come before the body is read: the connection
+                        // then closes, and saying so keeps the client from sending its next
+                        // request on it (a "remote disconnected" error for a request never
+                        // read).
+                        response
+                            .headers_mut()
+                            .insert(hyper::header::CONNECTION, CLOSE);
+                    }
                 }
                 Ok::<_, std::convert::Infallible>(response.map(|body| Tracked {
                     body,

@@ -342,3 +342,26 @@ async fn a_pooled_connection_the_upstream_closed_is_retried_once_on_a_new_one() 
         );
     }
 }
+
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_says_the_connection_closes() {
+    // Without `connection: close`, a client that keeps the connection sends its next request
+    // on a socket compactor is closing, and gets a disconnect for a request never read.
+    let mock = echo_mock().await;
+    let proxy = proxy(&config_for(
+        &mock,
+        "summarization:\n  enabled: true\nlimits:\n  max_request_body_bytes: 1000\n",
+    ))
+    .await;
+    let mut socket = connect_from(&proxy, [127, 0, 0, 1].into()).await;
+    let length = 3 << 20;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+    );
+    socket.write_all(head.as_bytes()).await.expect("writes");
+    // The answer comes before the body is sent whole; the rest may be refused mid-way.
+    let _ = socket.write_all(&vec![b'x'; length]).await;
+    let answer = read_head(&mut socket).await;
+    assert!(answer.starts_with("http/1.1 413"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+}
