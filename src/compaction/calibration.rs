@@ -9,9 +9,9 @@
 //! whatever its length), older samples fade (half-life about 23 samples), a sample far from
 //! the current fit counts for less (Huber) and one off by more than 5× not at all (a body the
 //! upstream rewrote, a cached count). It cannot be dragged: every weight stays within a band
-//! of [`PRIOR_BAND`]× around the configured ratio's (a real tokenizer is never that far off a
-//! character estimate), a count outside that band of the configured estimate is not learned
-//! from, nor one smaller than the request's last message alone (an upstream that reports only
+//! of [`PRIOR_BAND`]× around the configured ratio's, a count more than [`SAMPLE_BAND`]× off the
+//! configured estimate of the whole request is not learned from (a real tokenizer is never that
+//! far off), nor one under half the request's last message alone (an upstream that reports only
 //! the tokens it evaluated after a prefix-cache hit, or a constant). Each upstream's fit of a
 //! model is its own ([`crate::compaction::windows::calibration_key`]). The models known
 //! are bounded (least used forgotten), and samples are taken sparingly: all of a model's first
@@ -43,9 +43,13 @@ const FORGETTING: f64 = 0.97;
 const HUBER: f64 = 0.25;
 /// Upstream count over estimate outside [1/5, 5]: not the same body, not learned from.
 const OUTLIER_RATIO: f64 = 5.0;
-/// How far a learned weight may move from the configured ratio's, either way, and how far a
-/// sample's count may be from the configured estimate to be learned from.
+/// How far a learned weight may move from the configured ratio's, either way: one class of
+/// characters can cost several times what the ratio says (digits, punctuation).
 pub const PRIOR_BAND: f64 = 4.0;
+/// How far a whole request's count may be from the configured estimate to be learned from: over
+/// a whole request the estimate is within about 40 % of a real tokenizer, so a count off by
+/// twice that is not the body's count (a prefix-cache hit reported as new tokens only).
+pub const SAMPLE_BAND: f64 = 2.0;
 /// The most a feature whose configured weight is 0 (words, dense runs) may add per unit.
 const MAX_EXTRA_WEIGHT: f64 = 1.0;
 const MAX_MESSAGE_WEIGHT: f64 = 64.0;
@@ -265,7 +269,7 @@ impl Fit {
         let from_configured = configured / counted as f64;
         if counted < floor
             || !(1.0 / OUTLIER_RATIO..=OUTLIER_RATIO).contains(&ratio)
-            || !(1.0 / PRIOR_BAND..=PRIOR_BAND).contains(&from_configured)
+            || !(1.0 / SAMPLE_BAND..=SAMPLE_BAND).contains(&from_configured)
         {
             return Some(Learned::Outlier { ratio });
         }

@@ -29,6 +29,7 @@ use crate::compaction::reason::Reason;
 use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::summaries::budget::SummarizerBudget;
 use crate::compaction::summaries::cache::CacheKey;
+use crate::compaction::summaries::identifiers;
 use crate::compaction::summaries::single_flight::SingleFlight;
 use crate::compaction::summaries::store::{Claim, LayoutKey};
 use crate::compaction::summaries::summarizer::{
@@ -759,6 +760,7 @@ impl CompactionEngine {
             flight,
             chunks: job.chunks.clone(),
             previous: job.previous.clone(),
+            identifiers: job.identifiers.clone(),
             token_model: job.token_model,
             replaced_tokens: job.replaced_tokens,
             ahead: job.ahead_base.is_some(),
@@ -853,6 +855,7 @@ struct SummaryRun {
     flight: CacheKey,
     chunks: Vec<String>,
     previous: Option<String>,
+    identifiers: Vec<String>,
     token_model: TokenModel,
     replaced_tokens: u64,
     ahead: bool,
@@ -890,10 +893,21 @@ impl Inner {
                     &run.chunks,
                 )
                 .await?;
-            let tokens = summary_tokens(&text, &self.planner.config, &run.token_model);
-            if tokens >= run.replaced_tokens {
+            let count = |text: &str| summary_tokens(text, &self.planner.config, &run.token_model);
+            if count(&text) >= run.replaced_tokens {
                 return Err(CompactionFailure::NotSmaller);
             }
+            // The index goes after the summary, as many entries as keep it smaller than what
+            // it replaces.
+            let mut entries = run.identifiers.as_slice();
+            let (text, tokens) = loop {
+                let indexed = identifiers::with_index(&text, entries);
+                let tokens = count(&indexed);
+                if tokens < run.replaced_tokens || entries.is_empty() {
+                    break (indexed, tokens);
+                }
+                entries = &entries[..entries.len() / 2];
+            };
             Ok(Arc::new(CachedSummary {
                 cut,
                 excluded,

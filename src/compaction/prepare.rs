@@ -22,6 +22,7 @@ use crate::compaction::planner::tokens::{CharCount, TokenModel};
 use crate::compaction::reason::Reason;
 use crate::compaction::scope::{fingerprint, Credentials, Scope};
 use crate::compaction::summaries::cache::{CacheKey, ScopedLookup};
+use crate::compaction::summaries::identifiers;
 use crate::compaction::summaries::store::SummaryStore;
 use crate::compaction::summaries::summary_input::{self, InputSettings};
 use crate::compaction::windows::{learned_window, Windows};
@@ -111,6 +112,8 @@ pub(super) struct Job {
     pub replaced_tokens: u64,
     pub chunks: Vec<String>,
     pub previous: Option<String>,
+    /// The identifier index the summary gets (this span's, then the previous summary's).
+    pub identifiers: Vec<String>,
     /// The share of the evicted tokens the summarizer sees.
     pub coverage: f64,
     pub key: CacheKey,
@@ -775,12 +778,33 @@ impl Planner {
         let splice = self
             .splice(conversation, layout, &plan.cleared)
             .map_err(|_| (OutcomeKind::Failed, Reason::RewriteInvalid))?;
+        // The previous summary's index is compactor's to carry over, not the summarizer's to
+        // rewrite: it goes back on after the new summary.
+        let (previous_summary, previous_index) = match previous {
+            Some(previous) => {
+                let (summary, index) = identifiers::split(&previous.text);
+                (Some(summary), index)
+            }
+            None => (None, Vec::new()),
+        };
+        let max_identifiers = self.config.identifier_index;
+        let identifiers = if max_identifiers == 0 {
+            Vec::new()
+        } else {
+            let fresh = identifiers::extract(
+                to_summarize
+                    .iter()
+                    .map(|&i| conversation.messages[i].raw.get()),
+                max_identifiers,
+            );
+            identifiers::merged(fresh, &previous_index, max_identifiers)
+        };
         let input = summary_input::select_cleared(
             conversation,
             to_summarize,
             &plan.message_tokens,
             &plan.cleared,
-            previous.as_ref().map(|p| p.text.as_str()),
+            previous_summary,
             &InputSettings {
                 budget: self.call_budget(&context.upstream, &context.model, context.summary_prompt),
                 oversize: self.config.oversize,
@@ -804,6 +828,7 @@ impl Planner {
             coverage: input.coverage(),
             chunks: input.chunks,
             previous: input.previous,
+            identifiers,
             model: context.model.clone(),
             upstream: context.upstream.clone(),
             token_model: context.token_model,

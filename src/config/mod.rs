@@ -460,6 +460,9 @@ pub struct SummarizationConfig {
     pub summary_placement: SummaryPlacement,
     /// `max_tokens` of the summarizer call, also the summary's size estimate for headroom.
     pub summary_max_tokens: u64,
+    /// Entries of the identifier index compactor appends to each summary (exact error lines,
+    /// paths, ids, URLs, commands found in the summarized messages); 0: none.
+    pub identifier_index: usize,
     /// After compaction the request must sit under `headroom × threshold`; null disables.
     pub headroom: Option<f64>,
     /// With headroom on, the cut also leaves room for this many turns of the conversation's
@@ -733,6 +736,7 @@ impl Default for SummarizationConfig {
             summary_role: SummaryRole::User,
             summary_placement: SummaryPlacement::Auto,
             summary_max_tokens: 1024,
+            identifier_index: 24,
             headroom: Some(0.75),
             headroom_turns: 10,
             timeout_secs: 60.0,

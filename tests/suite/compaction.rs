@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::common::*;
+use compactor::compaction::summaries::identifiers;
 use http::StatusCode;
 use mock_upstream::{MockFault, MockHandle, MockOptions};
 use serde_json::{json, Value};
@@ -167,9 +168,23 @@ async fn a_conversation_is_summarized_then_reused_then_summarized_incrementally(
     assert_eq!(compaction(&third), "summarized");
     assert_eq!(stack.summarizer.chat_calls(), 2);
     let prompt = summarizer_prompt(&stack.summarizer.last_request().unwrap());
+    // The summarizer extends the previous summary; its identifier index is compactor's to
+    // carry over, and goes back on after the new one.
+    let (previous, index) = identifiers::split(&summary);
     assert!(
-        prompt.contains(&summary),
+        !index.is_empty(),
+        "the summary carries its span's ids: {summary}"
+    );
+    assert!(
+        prompt.contains(previous),
         "previous summary missing from the incremental input"
+    );
+    assert!(!prompt.contains(identifiers::MARKER));
+    let renewed = summary_text(&forwarded_messages(&stack.upstream)[1]);
+    let (_, renewed_index) = identifiers::split(&renewed);
+    assert!(
+        index.iter().all(|entry| renewed_index.contains(entry)),
+        "{index:?} carried into {renewed_index:?}"
     );
     for i in 10..=15 {
         assert!(
@@ -583,4 +598,28 @@ async fn an_agent_whose_fixed_part_sits_at_the_trigger_is_not_summarized_every_t
         ),
         "the reuse says why: {metrics}"
     );
+}
+
+#[tokio::test]
+async fn the_summary_keeps_the_evicted_identifiers_verbatim_whatever_the_summarizer_writes() {
+    // The four kinds a real 1.5B model's summary dropped: an error code, a path, a decision's
+    // id and the next step's id. The mock summarizer writes none of them back.
+    let planted = [
+        "error[E0502]",
+        "src/payments/ledger.rs",
+        "DEC-2041",
+        "NS-77",
+    ];
+    let mut messages = conversation(6, "p");
+    messages[2]["content"] = json!("cargo build failed: error[E0502] in src/payments/ledger.rs");
+    messages[4]["content"] = json!("Decision DEC-2041: keep the old schema. Next step NS-77.");
+    for (index, expected) in [(24, planted.len()), (0, 0)] {
+        let summarization = format!("{DEFAULT_SUMMARIZATION}  identifier_index: {index}\n");
+        let stack = stack_with(&summarization, MockOptions::default()).await;
+        let response = chat(&stack, &messages, &[]).await;
+        assert_eq!(compaction(&response), "summarized");
+        let summary = summary_text(&forwarded_messages(&stack.upstream)[1]);
+        let kept = planted.iter().filter(|id| summary.contains(*id)).count();
+        assert_eq!(kept, expected, "identifier_index {index}: {summary}");
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod cache;
+pub mod identifiers;
 pub mod redis_tier;
 pub mod single_flight;
 pub mod store;
