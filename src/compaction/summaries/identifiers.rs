@@ -103,10 +103,20 @@ pub fn extract<'a>(messages: impl IntoIterator<Item = &'a str>, max: usize) -> V
     ranked
 }
 
-/// Calls `each` with every string in `value` but those under [`SKIPPED_KEYS`].
+/// Calls `each` with every string in `value` but those under [`SKIPPED_KEYS`]; a string that
+/// is itself JSON (a tool call's `arguments`) is read as such.
 fn strings(value: &Value, each: &mut impl FnMut(&str)) {
     match value {
-        Value::String(text) => each(text),
+        Value::String(text) => {
+            let nested = text.trim_start().starts_with(['{', '['])
+                && serde_json::from_str::<Value>(text).is_ok_and(|inner| {
+                    strings(&inner, each);
+                    true
+                });
+            if !nested {
+                each(text);
+            }
+        }
         Value::Array(items) => items.iter().for_each(|item| strings(item, each)),
         Value::Object(fields) => {
             for (key, field) in fields {
@@ -264,6 +274,7 @@ mod tests {
         let messages = [
             message("Opened src/payments/ledger.rs and config.yaml; see https://example.test/issues/88."),
             message("$ cargo test -p ledger\nerror[E0502]: cannot borrow `ledger` as mutable\nDecision DEC-2041: keep the old schema."),
+            json!({"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{\"path\":\"docs/plan.md\"}"}}]}).to_string(),
             message("Next: run step NS-77 with ERR_CONN_RESET handling, port 8080, commit 3f9c2e1."),
         ];
         let found = extract(messages.iter().map(String::as_str), 64);
@@ -278,6 +289,7 @@ mod tests {
             "ERR_CONN_RESET",
             "8080",
             "3f9c2e1",
+            "docs/plan.md",
         ] {
             assert!(
                 found.iter().any(|f| f == expected),
