@@ -99,6 +99,9 @@ struct Transcript<'a, 'c> {
     messages: Vec<&'a Message<'c>>,
     /// The cleared copy of a message whose old tool outputs were cleared: it is shown instead.
     copies: Vec<Option<&'a str>>,
+    /// For a result whose call is not among the messages shown (a skill read an earlier
+    /// compaction kept back, summarized now), the call lines that give it its tool and path.
+    calls_elsewhere: Vec<Option<String>>,
     dialect: &'static dyn Dialect,
     /// The planner's count of each message, standing in for blocks never formatted.
     estimates: Vec<u64>,
@@ -138,9 +141,18 @@ impl<'a, 'c> Transcript<'a, 'c> {
             })
             .unzip::<_, _, (Vec<_>, Vec<_>), Vec<_>>();
         let blocks = messages.iter().map(|_| None).collect();
+        let made_here: std::collections::HashSet<&str> = messages
+            .iter()
+            .flat_map(|m| m.tool_calls.iter().map(|call| call.id.as_ref()))
+            .collect();
+        let calls_elsewhere = messages
+            .iter()
+            .map(|message| calls_elsewhere(conversation, &made_here, message))
+            .collect();
         Transcript {
             messages,
             copies,
+            calls_elsewhere,
             dialect: conversation.dialect,
             estimates,
             blocks,
@@ -164,10 +176,13 @@ impl<'a, 'c> Transcript<'a, 'c> {
 
     fn block(&mut self, k: usize) -> &Block {
         let (message, model, dialect) = (self.messages[k], &self.model, self.dialect);
-        let copy = self.copies[k];
+        let (copy, calls) = (self.copies[k], self.calls_elsewhere[k].as_deref());
         self.blocks[k].get_or_insert_with(|| {
             let copy = copy.and_then(|raw| dialect.parse_message(raw));
-            let body = message_body(copy.as_ref().unwrap_or(message));
+            let mut body = message_body(copy.as_ref().unwrap_or(message));
+            if let Some(calls) = calls {
+                body = format!("{calls}\n{body}");
+            }
             Block::new(attributes(message), body, model)
         })
     }
@@ -623,6 +638,33 @@ fn take_suffix<'t>(text: &'t str, budget: u64, model: &TokenModel) -> &'t str {
     text
 }
 
+/// The call lines of the calls `message` answers that none of the messages shown made (their
+/// ids: `made_here`), found in the whole conversation; None when every call it answers is
+/// shown (or it answers none).
+fn calls_elsewhere(
+    conversation: &Conversation<'_>,
+    made_here: &std::collections::HashSet<&str>,
+    message: &Message<'_>,
+) -> Option<String> {
+    let lines: Vec<String> = message
+        .answers()
+        .filter(|id| !made_here.contains(id))
+        .filter_map(|id| {
+            conversation
+                .messages
+                .iter()
+                .flat_map(|m| &m.tool_calls)
+                .find(|call| call.id == id)
+        })
+        .map(|call| call_line(call))
+        .collect();
+    (!lines.is_empty()).then(|| without_payloads(&lines.join("\n")))
+}
+
+fn call_line(call: &crate::compaction::planner::conversation::ToolCall<'_>) -> String {
+    format!("→ calls {}({}) [{}]", call.name, call.arguments(), call.id)
+}
+
 /// A message's text, its tool calls, base64 payloads replaced by placeholders.
 fn message_body(message: &Message<'_>) -> String {
     let mut body = content_text(message);
@@ -630,12 +672,7 @@ fn message_body(message: &Message<'_>) -> String {
         if !body.is_empty() {
             body.push('\n');
         }
-        body.push_str(&format!(
-            "→ calls {}({}) [{}]",
-            call.name,
-            call.arguments(),
-            call.id
-        ));
+        body.push_str(&call_line(call));
     }
     without_payloads(&body)
 }
@@ -901,6 +938,43 @@ mod tests {
             max_calls: 1000,
             model: TokenModel::default(),
         }
+    }
+
+    #[test]
+    fn a_result_summarized_apart_from_its_call_is_shown_with_the_call() {
+        // A skill read an earlier compaction kept back: its assistant turn was summarized then,
+        // its result is summarized now, and still says which file it read.
+        let body = serde_json::json!({"model": "m", "messages": [
+            {"role": "user", "content": "use the pdf skill"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"/mnt/skills/pdf/SKILL.md\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "# PDF skill: always embed fonts"},
+            {"role": "user", "content": "go on"},
+        ]})
+        .to_string();
+        let conversation = chat::parse(body.as_bytes()).unwrap();
+        let tokens = vec![10; 4];
+        let input = select(
+            &conversation,
+            &[2],
+            &tokens,
+            None,
+            &settings(None, Oversize::Fold),
+        );
+        let shown = input.chunks.concat();
+        assert!(
+            shown.contains("→ calls read_file({\"path\":\"/mnt/skills/pdf/SKILL.md\"}) [c1]"),
+            "{shown}"
+        );
+        assert!(shown.contains("always embed fonts"));
+        // With its call in the span, the call is shown once, in its own block.
+        let both = select(
+            &conversation,
+            &[1, 2],
+            &tokens,
+            None,
+            &settings(None, Oversize::Fold),
+        );
+        assert_eq!(both.chunks.concat().matches("→ calls read_file").count(), 1);
     }
 
     #[test]
