@@ -50,8 +50,9 @@ def request(rng):
         body = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         return "stream", "POST", "/v1/chat/completions", json.dumps(body).encode()
     if roll < 0.75:
-        # A conversation new to the cache: summarized, and the summary kept until evicted.
-        body = {"model": "gpt-4o-mini", "messages": conversation(rng.getrandbits(48), 14)}
+        # A conversation new to the cache, over the trigger: summarized, and the summary kept
+        # until the cache's byte cap evicts it.
+        body = {"model": "gpt-4o-mini", "messages": conversation(rng.getrandbits(48), 16)}
         return "new-conversation", "POST", "/v1/chat/completions", json.dumps(body).encode()
     if roll < 0.90:
         # The next turn of one of a few recent conversations: reused.

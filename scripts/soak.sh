@@ -31,6 +31,7 @@ summarization:
   trigger: [{type: tokens, value: 4000}]
   max_calls_per_minute_per_tenant: 100000
   max_concurrent_calls_per_tenant: 64
+  max_concurrent_calls: 64
 YAML
 addr=$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
 pid=$(cat "$work/compactor.pid")

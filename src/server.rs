@@ -162,9 +162,9 @@ impl Registry {
         }
     }
 
-    /// Closes a connection with nothing in flight, idle for at least `grace_until` (nanoseconds
-    /// on the activity clock): from `address` when given, else from the address holding the
-    /// most; the idlest of those. Whether one was.
+    /// Closes a connection with nothing in flight that never served a request or has been idle
+    /// since `grace_until` (a time on the activity clock) or before: from `address` when given,
+    /// else from the address holding the most; the idlest of those. Whether one was.
     fn evict_idlest(&mut self, address: Option<IpAddr>, grace_until: u64) -> bool {
         let per_address = &self.per_address;
         let idlest = self
