@@ -16,7 +16,7 @@ use crate::compaction::planner::digest::{hash_parts, Digest};
 use crate::compaction::planner::plan::{
     self, Analysed, CachedSummary, Decision, Mode, Plan, PlanSettings, Ready,
 };
-use crate::compaction::planner::rewrite::{apply_cleared, RewriteError, Splice};
+use crate::compaction::planner::rewrite::{apply_cleared, omission_text, RewriteError, Splice};
 use crate::compaction::planner::structure::Layout;
 use crate::compaction::planner::tokens::{CharCount, TokenModel};
 use crate::compaction::reason::Reason;
@@ -735,11 +735,19 @@ impl Planner {
         let splice = self
             .splice(context.conversation, layout, &plan.cleared)
             .ok()?;
+        // Groups after the summary left out to fit the window: the summary says so at its end.
+        let dropped = (previous.cut..layout.cut)
+            .filter(|i| !layout.excluded.contains(i))
+            .count();
+        let text = match dropped {
+            0 => Cow::Borrowed(previous.text.as_str()),
+            dropped => Cow::Owned(format!("{}\n\n{}", previous.text, omission_text(dropped))),
+        };
         Some(Fallback {
             kind: OutcomeKind::Reused,
-            body: splice.apply(context.body, &previous.text, self.config.summary_role),
+            body: splice.apply(context.body, &text, self.config.summary_role),
             tokens_after: layout.projected_tokens,
-            dropped: 0,
+            dropped,
             headroom_unmet: true,
         })
     }

@@ -248,12 +248,18 @@ fn check(api: Api, system: bool, run: &[Exchange], next: &Exchange, s: &PlanSett
     }
     // The next turn reuses the summary with a byte-identical prefix.
     let key = first.chain().expect("a chain")[layout.cut];
+    // Smaller than what it stands for, as every summary compactor keeps is.
+    let span: u64 = layout
+        .summarized(layout.head, |_| true)
+        .iter()
+        .map(|&i| conversation.messages[i].tokens(&model))
+        .sum();
     let cached = CachedSummary {
         cut: layout.cut,
         excluded: layout.excluded.clone(),
         splits: layout.splits.clone(),
         text: "S".into(),
-        tokens: s.summary_estimate_tokens,
+        tokens: s.summary_estimate_tokens.min(span.saturating_sub(1)),
     };
     let next_body = render(api, system, run, next);
     let next_conversation = parse(api, &next_body);

@@ -544,3 +544,45 @@ async fn a_retry_aims_under_the_refused_size_in_the_counting_its_plan_uses() {
     assert_eq!(outcome(&response), "summarized");
     assert_eq!(chat.window_refusals(), 1, "refused once, then compacted");
 }
+
+#[tokio::test]
+async fn a_stale_summary_too_small_for_the_grown_tail_leaves_out_the_oldest_groups_after_it() {
+    // The summarizer budget is spent, and the cached summary with everything since is over the
+    // model's window: forwarding it would only be refused. The oldest whole groups after the
+    // summary are left out instead, with a note, and the latest question stays.
+    let (upstream, summarizer, proxy) = chat_stack(
+        MockOptions {
+            mode: MockMode::Echo,
+            window: Some(3_500),
+            ..MockOptions::default()
+        },
+        "  trigger: [{type: tokens, value: 1500}]\n  max_calls_per_minute_per_tenant: 1\nmodels:\n  - match: local-model\n    max_input_tokens: 3500\n",
+    )
+    .await;
+    let first = json!({"model": "local-model", "messages": chat_history(10, 400)});
+    assert_eq!(
+        outcome(&post(&proxy, "/v1/chat/completions", &first, &[]).await),
+        "summarized"
+    );
+    let later = json!({"model": "local-model", "messages": chat_history(40, 400)});
+    let response = post(&proxy, "/v1/chat/completions", &later, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "reused");
+    assert_eq!(summarizer.chat_calls(), 1, "the budget allowed one call");
+    assert_eq!(
+        upstream.window_refusals(),
+        0,
+        "nothing over the window was sent"
+    );
+    let forwarded = upstream.last_request().expect("forwarded").json();
+    let messages = forwarded["messages"].as_array().expect("messages");
+    let summary = messages[1]["content"].as_str().expect("the summary");
+    assert!(
+        summary.contains("earlier messages were left out"),
+        "{summary}"
+    );
+    assert_eq!(
+        messages.last(),
+        later["messages"].as_array().unwrap().last()
+    );
+}

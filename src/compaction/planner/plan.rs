@@ -511,7 +511,7 @@ impl Ready<'_, '_> {
             Choice::Summarize {
                 previous: Some(previous),
                 ..
-            } => Some(analysis.reuse_layout(previous, true)).filter(|layout| valid(layout)),
+            } => Some(analysis.reuse_within(previous, self.window)).filter(|layout| valid(layout)),
             _ => None,
         };
         let decision = match choice {
@@ -1289,6 +1289,36 @@ impl Analysis {
             }
         }
         reached.then_some(bound)
+    }
+
+    /// The layout that reuses `cached` when no new summary can be had: as it stands, or, when
+    /// that with the tail grown since is over `window`, with the fewest oldest whole groups
+    /// after the summary left out so that it fits (a note says so where they were).
+    fn reuse_within(&self, cached: &CachedSummary, window: Option<u64>) -> Layout {
+        let whole = self.reuse_layout(cached, true);
+        let Some(window) = window.filter(|&w| whole.projected_tokens >= w) else {
+            return whole;
+        };
+        let summary_tokens = cached.tokens + OMISSION_ESTIMATE_TOKENS;
+        let mut cut = cached.cut;
+        while let Some(next) = self.next_boundary(cut) {
+            cut = next;
+            let mut excluded = cached.excluded.clone();
+            // The latest user message stays, moved up to after the summary, as truncation does.
+            excluded.extend(self.latest_user.filter(|&u| u >= cached.cut && u < cut));
+            let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
+            if tokens < window {
+                return Layout {
+                    head: self.head,
+                    cut,
+                    excluded,
+                    splits: cached.splits.clone(),
+                    projected_tokens: tokens,
+                    headroom_unmet: true,
+                };
+            }
+        }
+        whole
     }
 
     /// The layout that reuses `cached` as it stands.
