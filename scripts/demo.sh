@@ -9,20 +9,8 @@ cargo build --quiet --release --workspace --bins
 bin=target/release
 source scripts/lib.sh
 
-upstream=http://$(start mock "$bin/mock-upstream" --chunks 4)
-summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
-cat > "$work/proxy.yaml" <<YAML
-listen: 127.0.0.1:0
-upstreams:
-  - name: mock
-    base_url: $upstream/v1
-  - name: summarizer
-    base_url: $summarizer/v1
-    models: ["summarizer-*"]
-summarization:
-  enabled: true
-  upstream: summarizer
-  model_name: summarizer-small
+mock_stack --chunks 4
+cat >> "$work/proxy.yaml" <<YAML
   trigger: [{type: messages, value: 12}]
   keep: {type: messages, value: 4}
   headroom: null

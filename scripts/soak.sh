@@ -14,20 +14,8 @@ minutes=${1:-20}
 cargo build --quiet --release --workspace --bins
 bin=target/release
 source scripts/lib.sh
-upstream=http://$(start mock "$bin/mock-upstream")
-summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
-cat > "$work/proxy.yaml" <<YAML
-listen: 127.0.0.1:0
-upstreams:
-  - name: mock
-    base_url: $upstream/v1
-  - name: summarizer
-    base_url: $summarizer/v1
-    models: ["summarizer-*"]
-summarization:
-  enabled: true
-  upstream: summarizer
-  model_name: summarizer-small
+mock_stack
+cat >> "$work/proxy.yaml" <<YAML
   trigger: [{type: tokens, value: 4000}]
   max_calls_per_minute_per_tenant: 100000
   max_concurrent_calls_per_tenant: 64

@@ -10,20 +10,8 @@ bin=target/debug
 source scripts/lib.sh
 (cd "$work" && npm install --silent --no-save "@anthropic-ai/sdk@$version" >/dev/null)
 cp scripts/probes/anthropic_ts.mjs "$work/"
-upstream=http://$(start mock "$bin/mock-upstream" --chunks 4)
-summarizer=http://$(start summarizer "$bin/mock-upstream" --mode summarizer)
-cat > "$work/proxy.yaml" <<YAML
-listen: 127.0.0.1:0
-upstreams:
-  - name: mock
-    base_url: $upstream/v1
-  - name: summarizer
-    base_url: $summarizer/v1
-    models: ["summarizer-*"]
-summarization:
-  enabled: true
-  upstream: summarizer
-  model_name: summarizer-small
+mock_stack --chunks 4
+cat >> "$work/proxy.yaml" <<YAML
   trigger: [{type: messages, value: 8}]
   keep: {type: messages, value: 2}
   summary_max_tokens: 32
