@@ -73,7 +73,7 @@ pub enum Served {
     },
 }
 
-pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
+pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
     let tenant = ask.tenant();
     let expanded = expand(body, ask.sealer, &tenant)?;
     let current = expanded.as_deref().unwrap_or(body);
@@ -82,7 +82,8 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Served, ProxyError> {
     }
     // Parsing, editing and counting a large body is CPU work: off the reactor.
     let engine = ask.engine.clone();
-    let (owned, upstream) = (Bytes::copy_from_slice(current), ask.upstream.to_string());
+    let owned = expanded.clone().unwrap_or_else(|| body.clone());
+    let upstream = ask.upstream.to_string();
     let edited = match ask
         .engine
         .offload(current.len(), move || {
