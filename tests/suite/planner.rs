@@ -863,76 +863,163 @@ mod properties {
             })
     }
 
+    /// Plans `messages` and checks the plan; whether it summarized, and whether the next plan
+    /// with that summary cached reused it.
+    fn valid_and_stable(
+        messages: Vec<Value>,
+        settings: PlanSettings,
+    ) -> Result<(bool, bool), TestCaseError> {
+        let text = body(&messages);
+        let conversation = chat::parse(text.as_bytes()).unwrap();
+        prop_assert!(validate(conversation.messages.iter()).is_ok());
+        let first = plan(
+            &conversation,
+            &settings,
+            &TokenModel::default(),
+            false,
+            &mut NoCache,
+        );
+        let Decision::Summarize {
+            layout,
+            to_summarize,
+            ..
+        } = &first.decision
+        else {
+            return Ok((false, false));
+        };
+        // No call for a span not worth it: over a messages trigger two messages or more (the
+        // count shrinks), else a span of at least `min_span_tokens`.
+        let model = TokenModel::default();
+        let span: u64 = to_summarize
+            .iter()
+            .map(|&i| conversation.messages[i].tokens(&model))
+            .sum();
+        let over_messages = matches!(settings.triggers[0], ContextSize::Messages(limit) if conversation.messages.len() as u64 >= limit);
+        prop_assert!(
+            (over_messages && to_summarize.len() >= 2) || span >= settings.min_span_tokens,
+            "span {} < {} ({} messages)",
+            span,
+            settings.min_span_tokens,
+            to_summarize.len()
+        );
+        // A compaction that met headroom is under it, rescues included, so under every trigger.
+        if let (Some(h), false, ContextSize::Tokens(t)) = (
+            settings.headroom,
+            layout.headroom_unmet,
+            settings.triggers[0],
+        ) {
+            prop_assert!(
+                (layout.projected_tokens as f64) < h * t as f64,
+                "{} tokens after, trigger {}",
+                layout.projected_tokens,
+                t
+            );
+        }
+        let out = rewrite(
+            &conversation,
+            layout,
+            &summary_message("S", SummaryRole::User),
+        );
+        prop_assert!(out.is_ok(), "{:?}", out);
+        let out: Value = serde_json::from_slice(&out.unwrap()).unwrap();
+        let out = out["messages"].as_array().unwrap().clone();
+        // Pinned head first and unchanged.
+        let head = layout.head;
+        prop_assert_eq!(&out[..head], &messages[..head]);
+        prop_assert_eq!(
+            out[head]["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("Here is a summary"),
+            true
+        );
+        // The latest user message is there verbatim.
+        prop_assert!(out.contains(messages.last().unwrap()));
+        // Kept messages keep their relative order, and nothing is both kept and summarized.
+        let kept: Vec<usize> = (0..messages.len())
+            .filter(|i| !to_summarize.contains(i))
+            .collect();
+        prop_assert_eq!(kept.len() + 1, out.len());
+        // Order: pinned, summary, excluded (in order), then the tail in order.
+        let mut expected = messages[..head].to_vec();
+        expected.push(out[head].clone());
+        expected.extend(layout.excluded.iter().map(|&i| messages[i].clone()));
+        expected.extend(messages[layout.cut..].iter().cloned());
+        prop_assert_eq!(&out, &expected);
+        // Whatever OpenAI's validation accepted before, it accepts after.
+        let before = json!({"messages": messages});
+        let after = json!({"messages": out});
+        if mock_upstream::validate_messages(&before).is_ok() {
+            let verdict = mock_upstream::validate_messages(&after);
+            prop_assert!(verdict.is_ok(), "{:?}", verdict);
+        }
+
+        // Planning the same request with its summary cached reuses or passes through. The
+        // summary is smaller than its span, as every summary compactor keeps is (a larger
+        // one is never used: `a_cached_entry_that_names_a_message_twice_or_out_of_order_is_not_used`).
+        let tokens = settings.summary_estimate_tokens.min(span.saturating_sub(1));
+        let cached = CachedSummary {
+            cut: layout.cut,
+            excluded: layout.excluded.clone(),
+            splits: layout.splits.clone(),
+            text: "S".into(),
+            tokens,
+        };
+        let key = first.chain().unwrap()[layout.cut];
+        struct Exact(Digest, CachedSummary);
+        impl SummaryLookup for Exact {
+            fn chain_seed(&mut self) -> Digest {
+                [0; 32]
+            }
+            fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
+                (prefix == &self.0).then(|| self.1.clone())
+            }
+        }
+        let again = plan(
+            &conversation,
+            &settings,
+            &TokenModel::default(),
+            false,
+            &mut Exact(key, cached),
+        );
+        prop_assert!(
+            matches!(
+                again.decision,
+                Decision::Reuse { .. } | Decision::PassThrough { .. }
+            ),
+            "{:?}",
+            again.decision
+        );
+        Ok((true, matches!(again.decision, Decision::Reuse { .. })))
+    }
+
+    #[test]
+    fn plans_are_always_valid_and_stable() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (summarized, reused) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 300,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&(conversation(), any_settings()), |(messages, settings)| {
+                let (made, again) = valid_and_stable(messages, settings)?;
+                summarized.fetch_add(usize::from(made), Ordering::Relaxed);
+                reused.fetch_add(usize::from(again), Ordering::Relaxed);
+                Ok(())
+            })
+            .unwrap_or_else(|failure| panic!("{failure}"));
+        // The checks ran on summaries and their reuse, not only on plans that passed through.
+        let (summarized, reused) = (summarized.into_inner(), reused.into_inner());
+        eprintln!("{summarized} summaries, {reused} reuses checked");
+        assert!(
+            summarized >= 60 && reused >= 30,
+            "{summarized} summaries, {reused} reuses"
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
-
-        #[test]
-        fn plans_are_always_valid_and_stable(messages in conversation(), settings in any_settings()) {
-            let text = body(&messages);
-            let conversation = chat::parse(text.as_bytes()).unwrap();
-            prop_assert!(validate(conversation.messages.iter()).is_ok());
-            let first = plan(&conversation, &settings, &TokenModel::default(), false, &mut NoCache);
-            let Decision::Summarize { layout, to_summarize, .. } = &first.decision else {
-                return Ok(());
-            };
-            // No call for a span not worth it: over a messages trigger two messages or more (the
-            // count shrinks), else a span of at least `min_span_tokens`.
-            let model = TokenModel::default();
-            let span: u64 = to_summarize.iter().map(|&i| conversation.messages[i].tokens(&model)).sum();
-            let over_messages = matches!(settings.triggers[0], ContextSize::Messages(limit) if conversation.messages.len() as u64 >= limit);
-            prop_assert!(
-                (over_messages && to_summarize.len() >= 2) || span >= settings.min_span_tokens,
-                "span {} < {} ({} messages)", span, settings.min_span_tokens, to_summarize.len()
-            );
-            // A compaction that met headroom is under it, rescues included, so under every trigger.
-            if let (Some(h), false, ContextSize::Tokens(t)) = (settings.headroom, layout.headroom_unmet, settings.triggers[0]) {
-                prop_assert!((layout.projected_tokens as f64) < h * t as f64, "{} tokens after, trigger {}", layout.projected_tokens, t);
-            }
-            let out = rewrite(&conversation, layout, &summary_message("S", SummaryRole::User));
-            prop_assert!(out.is_ok(), "{:?}", out);
-            let out: Value = serde_json::from_slice(&out.unwrap()).unwrap();
-            let out = out["messages"].as_array().unwrap().clone();
-            // Pinned head first and unchanged.
-            let head = layout.head;
-            prop_assert_eq!(&out[..head], &messages[..head]);
-            prop_assert_eq!(out[head]["content"].as_str().unwrap().starts_with("Here is a summary"), true);
-            // The latest user message is there verbatim.
-            prop_assert!(out.contains(messages.last().unwrap()));
-            // Kept messages keep their relative order, and nothing is both kept and summarized.
-            let kept: Vec<usize> = (0..messages.len()).filter(|i| !to_summarize.contains(i)).collect();
-            prop_assert_eq!(kept.len() + 1, out.len());
-            // Order: pinned, summary, excluded (in order), then the tail in order.
-            let mut expected = messages[..head].to_vec();
-            expected.push(out[head].clone());
-            expected.extend(layout.excluded.iter().map(|&i| messages[i].clone()));
-            expected.extend(messages[layout.cut..].iter().cloned());
-            prop_assert_eq!(&out, &expected);
-            // Whatever OpenAI's validation accepted before, it accepts after.
-            let before = json!({"messages": messages});
-            let after = json!({"messages": out});
-            if mock_upstream::validate_messages(&before).is_ok() {
-                let verdict = mock_upstream::validate_messages(&after);
-                prop_assert!(verdict.is_ok(), "{:?}", verdict);
-            }
-
-            // Planning the same request with its summary cached reuses or passes through. The
-            // summary is smaller than its span, as every summary compactor keeps is (a larger
-            // one is never used: `a_cached_entry_that_names_a_message_twice_or_out_of_order_is_not_used`).
-            let tokens = settings.summary_estimate_tokens.min(span.saturating_sub(1));
-            let cached = CachedSummary { cut: layout.cut, excluded: layout.excluded.clone(), splits: layout.splits.clone(), text: "S".into(), tokens };
-            let key = first.chain().unwrap()[layout.cut];
-            struct Exact(Digest, CachedSummary);
-            impl SummaryLookup for Exact {
-                fn chain_seed(&mut self) -> Digest {
-                    [0; 32]
-                }
-                fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-                    (prefix == &self.0).then(|| self.1.clone())
-                }
-            }
-            let again = plan(&conversation, &settings, &TokenModel::default(), false, &mut Exact(key, cached));
-            prop_assert!(matches!(again.decision, Decision::Reuse { .. } | Decision::PassThrough { .. }), "{:?}", again.decision);
-        }
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
