@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::breaker::{Admission, Breaker, Change, Open};
 use crate::config::SummarizationConfig;
 
 /// Why no summarizer call may start now.
@@ -28,8 +29,7 @@ pub struct SummarizerBudget {
     per_tenant: usize,
     per_minute: f64,
     tenants: Arc<Mutex<HashMap<[u8; 32], TenantState>>>,
-    breaker: Mutex<Breaker>,
-    breaker_failures: u64,
+    breaker: Breaker,
     cooldown: Duration,
 }
 
@@ -38,14 +38,6 @@ struct TenantState {
     /// Token bucket of calls: refills at `per_minute` a minute, holds at most `per_minute`.
     tokens: f64,
     refilled: Instant,
-}
-
-#[derive(Default)]
-struct Breaker {
-    consecutive_failures: u64,
-    open_until: Option<Instant>,
-    /// A probe call is running while the breaker is half-open.
-    probing: bool,
 }
 
 /// Room for one summarizer run; returned when dropped.
@@ -77,8 +69,10 @@ impl SummarizerBudget {
             per_tenant: config.max_concurrent_calls_per_tenant as usize,
             per_minute: config.max_calls_per_minute_per_tenant as f64,
             tenants: Arc::default(),
-            breaker: Mutex::default(),
-            breaker_failures: config.breaker_failures,
+            breaker: Breaker::new(
+                config.breaker_failures,
+                Duration::from_secs_f64(config.breaker_cooldown_secs),
+            ),
             cooldown: Duration::from_secs_f64(config.breaker_cooldown_secs),
         }
     }
@@ -92,10 +86,14 @@ impl SummarizerBudget {
         calls: u64,
         now: Instant,
     ) -> Result<Ticket, Refusal> {
-        let probe = self.breaker_admits(now)?;
+        let admission = self
+            .breaker
+            .admit(now)
+            .map_err(|Open| Refusal::CircuitOpen)?;
+        let probe = admission == Admission::Probe;
         let refuse = |refusal| {
             if probe {
-                lock(&self.breaker).probing = false;
+                self.breaker.cancel_probe();
             }
             Err(refusal)
         };
@@ -139,39 +137,19 @@ impl SummarizerBudget {
     }
 
     /// Ok(true) when this call is the half-open probe.
-    fn breaker_admits(&self, now: Instant) -> Result<bool, Refusal> {
-        let mut breaker = lock(&self.breaker);
-        match breaker.open_until {
-            None => Ok(false),
-            Some(until) if now < until => Err(Refusal::CircuitOpen),
-            Some(_) if breaker.probing => Err(Refusal::CircuitOpen),
-            Some(_) => {
-                breaker.probing = true;
-                Ok(true)
-            }
-        }
-    }
-
     /// Records how a run that reached the summarizer ended.
     pub fn record(&self, ticket: &Ticket, succeeded: bool, now: Instant) {
-        let mut breaker = lock(&self.breaker);
-        if ticket.probe {
-            breaker.probing = false;
-        }
-        if succeeded {
-            *breaker = Breaker::default();
-            return;
-        }
-        breaker.consecutive_failures += 1;
-        if ticket.probe || breaker.consecutive_failures >= self.breaker_failures {
-            if breaker.open_until.is_none() || ticket.probe {
-                tracing::warn!(
-                    failures = breaker.consecutive_failures,
-                    cooldown_secs = self.cooldown.as_secs_f64(),
-                    "summarizer circuit breaker open"
-                );
-            }
-            breaker.open_until = Some(now + self.cooldown);
+        let admission = if ticket.probe {
+            Admission::Probe
+        } else {
+            Admission::Closed
+        };
+        if let Change::Opened { failures } = self.breaker.record(admission, succeeded, now) {
+            tracing::warn!(
+                failures,
+                cooldown_secs = self.cooldown.as_secs_f64(),
+                "summarizer circuit breaker open"
+            );
         }
     }
 }

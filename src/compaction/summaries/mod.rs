@@ -1,6 +1,7 @@
 //! Making and keeping summaries: the summarizer's prompt and call, what it may cost, one call
 //! per prefix, what its answer must be to be used, and the sticky cache with its shared tier.
 
+pub mod breaker;
 pub mod budget;
 pub mod cache;
 pub mod identifiers;

@@ -16,9 +16,8 @@
 //! locally, a warning says so and `compactor_redis_up` drops to 0) and one probe after the
 //! cooldown closes it again.
 
-use crate::poison::lock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -28,6 +27,7 @@ use tokio::sync::OnceCell;
 
 use crate::compaction::calibration::SharedCalibration;
 use crate::compaction::planner::plan::CachedSummary;
+use crate::compaction::summaries::breaker::{Admission, Breaker, Change};
 use crate::compaction::summaries::cache::CacheKey;
 use crate::config::RedisConfig;
 use crate::metrics::Metrics;
@@ -83,17 +83,9 @@ struct Tier {
     owner: String,
     /// What authenticates a stored summary (validated non-empty with `backend: redis`).
     signing_key: Vec<u8>,
-    breaker: Mutex<Breaker>,
-    breaker_failures: u64,
-    breaker_cooldown: Duration,
+    breaker: Breaker,
     up: AtomicBool,
     metrics: Arc<Metrics>,
-}
-
-#[derive(Default)]
-struct Breaker {
-    failures: u64,
-    open_until: Option<Instant>,
 }
 
 impl RedisTier {
@@ -133,9 +125,10 @@ impl RedisTier {
                     .as_ref()
                     .map(|key| key.expose().as_bytes().to_vec())
                     .unwrap_or_default(),
-                breaker: Mutex::default(),
-                breaker_failures: config.breaker_failures,
-                breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_secs),
+                breaker: Breaker::new(
+                    config.breaker_failures,
+                    Duration::from_secs_f64(config.breaker_cooldown_secs),
+                ),
                 up: AtomicBool::new(true),
                 metrics,
             }),
@@ -285,18 +278,15 @@ impl Tier {
     }
 
     fn allowed(&self) -> bool {
-        let breaker = lock(&self.breaker);
-        breaker
-            .open_until
-            .is_none_or(|until| Instant::now() >= until)
+        self.breaker.would_admit(Instant::now())
     }
 
     /// Runs one command within the command timeout; None when Redis did not answer (counted
-    /// towards the breaker) or the breaker is open.
+    /// towards the breaker) or the breaker is open (after its cooldown one command probes).
     async fn run(&self, command: redis::Cmd) -> Option<Value> {
-        if !self.allowed() {
+        let Ok(admission) = self.breaker.admit(Instant::now()) else {
             return None;
-        }
+        };
         let attempt = async {
             let connection = self
                 .connection
@@ -324,38 +314,34 @@ impl Tier {
         match result {
             Ok(Value::ServerError(e)) => {
                 tracing::debug!("redis refused a command: {e:?}");
-                self.record(true);
+                self.record(admission, true);
                 None
             }
             Ok(value) => {
-                self.record(true);
+                self.record(admission, true);
                 Some(value)
             }
             Err(e) => {
-                self.record(false);
+                self.record(admission, false);
                 tracing::debug!("redis command failed: {e}");
                 None
             }
         }
     }
 
-    fn record(&self, ok: bool) {
-        let mut breaker = lock(&self.breaker);
+    fn record(&self, admission: Admission, ok: bool) {
+        let change = self.breaker.record(admission, ok, Instant::now());
         if ok {
-            breaker.failures = 0;
-            breaker.open_until = None;
             if !self.up.swap(true, Ordering::Relaxed) {
                 tracing::info!("redis answers again: the shared summary cache is back");
                 self.metrics.redis_up(true);
             }
             return;
         }
-        breaker.failures += 1;
-        if breaker.failures >= self.breaker_failures {
-            breaker.open_until = Some(Instant::now() + self.breaker_cooldown);
+        if let Change::Opened { failures } = change {
             if self.up.swap(false, Ordering::Relaxed) {
                 tracing::warn!(
-                    failures = breaker.failures,
+                    failures,
                     "redis is not answering: the local summary cache serves alone, summaries are made locally"
                 );
                 self.metrics.redis_up(false);
