@@ -199,12 +199,7 @@ async fn proxy(
             headers.remove(name);
         }
     }
-    let query = match query {
-        Some(query) if key.is_some() || upstream.credential().is_some() => {
-            query_without_credentials(&query)
-        }
-        query => query,
-    };
+    let query = forwarded_query(query.as_deref(), key.is_some(), upstream);
     let uri = upstream
         .url_for(&rest, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
@@ -729,12 +724,7 @@ async fn relay_upgrade(
             parts.headers.remove(name);
         }
     }
-    let query = match query {
-        Some(query) if with_key || upstream.credential().is_some() => {
-            query_without_credentials(query)
-        }
-        query => query.map(str::to_string),
-    };
+    let query = forwarded_query(query, with_key, upstream);
     let uri = upstream
         .url_for(rest, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))?;
@@ -842,6 +832,15 @@ const QUERY_CREDENTIALS: [&str; 6] = [
 /// The query without its credential parameters, when the upstream is not to get the client's
 /// credential (a compactor key, or the upstream has a key of its own): a key in the query
 /// string is removed as the credential headers are. None when nothing is left.
+/// The query sent upstream: without its credential parameters whenever the credential headers
+/// are replaced too (the client presented a compactor key, or the upstream has its own).
+fn forwarded_query(query: Option<&str>, keyed: bool, upstream: &Upstream) -> Option<String> {
+    match query {
+        Some(query) if keyed || upstream.credential().is_some() => query_without_credentials(query),
+        query => query.map(str::to_string),
+    }
+}
+
 fn query_without_credentials(query: &str) -> Option<String> {
     let kept: Vec<&str> = query
         .split('&')

@@ -358,24 +358,26 @@ impl CompactionEngine {
     /// compactor's count of a body's input (its messages and schemas), as its triggers count
     /// it; None for a body its front-end cannot plan.
     pub fn count(&self, api: Api, upstream: &str, body: &[u8]) -> Option<u64> {
-        let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
-            return None;
-        };
-        let windows = &self.inner.planner.windows;
-        let model = windows.token_model(upstream, conversation.model.as_deref());
-        let messages: u64 = conversation.message_tokens(&model).iter().sum();
-        Some(messages + conversation.schema_tokens(&model))
+        self.input_tokens(api, upstream, body, false)
     }
 
     /// A body's input counted as a retry after a context-length error plans it: with the
     /// model's own tokenizer where compactor has it, else the estimate.
     pub fn count_as_retried(&self, api: Api, upstream: &str, body: &[u8]) -> Option<u64> {
+        self.input_tokens(api, upstream, body, true)
+    }
+
+    /// A body's messages and schemas counted; `exact`: with the model's own tokenizer where
+    /// compactor has it.
+    fn input_tokens(&self, api: Api, upstream: &str, body: &[u8], exact: bool) -> Option<u64> {
         let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
             return None;
         };
         let windows = &self.inner.planner.windows;
         let mut model = windows.token_model(upstream, conversation.model.as_deref());
-        model.exact = windows.encoding(conversation.model.as_deref());
+        if exact {
+            model.exact = windows.encoding(conversation.model.as_deref());
+        }
         let messages: u64 = conversation.message_tokens(&model).iter().sum();
         Some(messages + conversation.schema_tokens(&model))
     }

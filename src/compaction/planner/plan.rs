@@ -1303,9 +1303,12 @@ impl Analysis {
         let mut cut = cached.cut;
         while let Some(next) = self.next_boundary(cut) {
             cut = next;
+            // What no summary may hold (the latest user message, the kept context) stays,
+            // moved up to after the summary, as truncation keeps it.
             let mut excluded = cached.excluded.clone();
-            // The latest user message stays, moved up to after the summary, as truncation does.
-            excluded.extend(self.latest_user.filter(|&u| u >= cached.cut && u < cut));
+            excluded.extend(self.kept_in_span(cut, cached.cut, &[]));
+            excluded.sort_unstable();
+            excluded.dedup();
             let (tokens, _) = self.projected(cut, &excluded, summary_tokens);
             if tokens < window {
                 return Layout {

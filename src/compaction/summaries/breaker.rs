@@ -55,6 +55,11 @@ impl Breaker {
         }
     }
 
+    /// How long it stays open before the probe.
+    pub fn cooldown(&self) -> Duration {
+        self.cooldown
+    }
+
     /// Whether a call may start at `now`.
     pub fn admit(&self, now: Instant) -> Result<Admission, Open> {
         let mut state = lock(&self.state);

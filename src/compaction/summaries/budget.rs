@@ -30,7 +30,6 @@ pub struct SummarizerBudget {
     per_minute: f64,
     tenants: Arc<Mutex<HashMap<[u8; 32], TenantState>>>,
     breaker: Breaker,
-    cooldown: Duration,
 }
 
 struct TenantState {
@@ -73,7 +72,6 @@ impl SummarizerBudget {
                 config.breaker_failures,
                 Duration::from_secs_f64(config.breaker_cooldown_secs),
             ),
-            cooldown: Duration::from_secs_f64(config.breaker_cooldown_secs),
         }
     }
 
@@ -147,7 +145,7 @@ impl SummarizerBudget {
         if let Change::Opened { failures } = self.breaker.record(admission, succeeded, now) {
             tracing::warn!(
                 failures,
-                cooldown_secs = self.cooldown.as_secs_f64(),
+                cooldown_secs = self.breaker.cooldown().as_secs_f64(),
                 "summarizer circuit breaker open"
             );
         }
