@@ -3,12 +3,10 @@
 //! a tool call never loses its result, every message kept is kept byte for byte, and the
 //! compacted prefix is byte-identical on the next turn when the summary is reused.
 
+use crate::common::One;
 use compactor::compaction::front_ends::{Api, Parsed};
 use compactor::compaction::planner::conversation::Conversation;
-use compactor::compaction::planner::digest::Digest;
-use compactor::compaction::planner::plan::{
-    plan, CachedSummary, Decision, NoCache, PlanSettings, SummaryLookup,
-};
+use compactor::compaction::planner::plan::{plan, CachedSummary, Decision, NoCache, PlanSettings};
 use compactor::compaction::planner::rewrite::Splice;
 use compactor::compaction::planner::skills::SkillRescue;
 use compactor::compaction::planner::structure::{validate, Layout};
@@ -189,18 +187,6 @@ fn spliced(conversation: &Conversation<'_>, body: &str, layout: &Layout, text: &
     String::from_utf8(splice.apply(body.as_bytes(), text, SummaryRole::User)).expect("UTF-8")
 }
 
-/// One summary under one prefix digest.
-struct Exact(Digest, CachedSummary);
-
-impl SummaryLookup for Exact {
-    fn chain_seed(&mut self) -> Digest {
-        [0; 32]
-    }
-    fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-        (prefix == &self.0).then(|| self.1.clone())
-    }
-}
-
 /// Where the message array's first `count` items end in `body` (a compacted body, read by
 /// `api`'s front-end): the byte prefix a provider's prompt cache keys on.
 fn prefix_through(api: Api, body: &str, count: usize) -> String {
@@ -270,13 +256,7 @@ fn check(api: Api, system: bool, run: &[Exchange], next: &Exchange, s: &PlanSett
     };
     let next_body = render(api, system, run, next);
     let next_conversation = parse(api, &next_body);
-    let again = plan(
-        &next_conversation,
-        s,
-        &model,
-        false,
-        &mut Exact(key, cached),
-    );
+    let again = plan(&next_conversation, s, &model, false, &mut One(key, cached));
     let reused = matches!(&again.decision, Decision::Reuse { .. });
     if let Decision::Reuse { layout: reused, .. } = &again.decision {
         let next_out = spliced(&next_conversation, &next_body, reused, "S");

@@ -8,40 +8,6 @@ use std::net::IpAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A connection from `from` (any of 127.0.0.0/8 reaches a loopback listener).
-async fn connect_from(proxy: &Proxy, from: IpAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind((from, 0).into()).expect("binds");
-    socket.connect(proxy.addr).await.expect("connects")
-}
-
-/// Everything the server sends until it closes the connection.
-async fn read_to_close(stream: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    tokio::time::timeout(BOUND, stream.read_to_end(&mut out))
-        .await
-        .expect("the server closes the connection within the bound")
-        .ok();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The head of a response, read byte by byte up to its blank line.
-async fn read_head(stream: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(BOUND, stream.read(&mut byte))
-            .await
-            .expect("a response head within the bound")
-            .unwrap_or(0);
-        if read == 0 {
-            break;
-        }
-        head.push(byte[0]);
-    }
-    String::from_utf8_lossy(&head).to_ascii_lowercase()
-}
-
 const UPGRADE: &[u8] = b"GET /v1/responses HTTP/1.1\r\nhost: compactor\r\nconnection: Upgrade\r\n\
 upgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: ZVKUZAyjPkCkgYczYac62g==\r\n\
 x-mock-upgrade: echo\r\n";

@@ -1,5 +1,6 @@
 //! The planner's cases, from the reference's own tests and bugs, in the OpenAI format.
 
+use crate::common::One;
 use compactor::compaction::front_ends::chat;
 use compactor::compaction::front_ends::chat::summary_message;
 use compactor::compaction::planner::digest::Digest;
@@ -51,18 +52,6 @@ fn skills_off() -> SkillRescue {
         max_tokens_per_skill: 0,
         tool_names: vec![],
         container_path: "/mnt/skills".into(),
-    }
-}
-
-/// A cache that holds one summary, under one prefix's digest.
-struct One(Digest, CachedSummary);
-
-impl SummaryLookup for One {
-    fn chain_seed(&mut self) -> Digest {
-        [0; 32]
-    }
-    fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-        (prefix == &self.0).then(|| self.1.clone())
     }
 }
 
@@ -966,21 +955,12 @@ mod properties {
             tokens,
         };
         let key = first.chain().unwrap()[layout.cut];
-        struct Exact(Digest, CachedSummary);
-        impl SummaryLookup for Exact {
-            fn chain_seed(&mut self) -> Digest {
-                [0; 32]
-            }
-            fn get(&mut self, prefix: &Digest) -> Option<CachedSummary> {
-                (prefix == &self.0).then(|| self.1.clone())
-            }
-        }
         let again = plan(
             &conversation,
             &settings,
             &TokenModel::default(),
             false,
-            &mut Exact(key, cached),
+            &mut One(key, cached),
         );
         prop_assert!(
             matches!(

@@ -5,21 +5,11 @@ use crate::common::*;
 use http::StatusCode;
 use mock_upstream::{MockFault, MockHandle};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 async fn connect(proxy: &Proxy) -> TcpStream {
     TcpStream::connect(proxy.addr).await.expect("connects")
-}
-
-/// Everything the server sends until it closes the connection.
-async fn read_to_close(stream: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    tokio::time::timeout(BOUND, stream.read_to_end(&mut out))
-        .await
-        .expect("the server closes the connection within the bound")
-        .ok();
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Sends raw bytes and reads the answer up to the end of the connection.
@@ -235,9 +225,7 @@ async fn bodies_being_read(proxy: &Proxy, bodies: u64) {
 
 /// A connection with a request in flight: its headers and the start of a body that never ends.
 async fn busy_connection(proxy: &Proxy, from: std::net::IpAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind((from, 0).into()).unwrap();
-    let mut stream = socket.connect(proxy.addr).await.expect("connects");
+    let mut stream = connect_from(proxy, from).await;
     stream
         .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{")
         .await

@@ -402,3 +402,58 @@ pub async fn get(url: &str) -> Collected {
     )
     .await
 }
+
+/// A summary cache that holds one summary, under one prefix's digest.
+pub struct One(
+    pub compactor::compaction::planner::digest::Digest,
+    pub compactor::compaction::planner::plan::CachedSummary,
+);
+
+impl compactor::compaction::planner::plan::SummaryLookup for One {
+    fn chain_seed(&mut self) -> compactor::compaction::planner::digest::Digest {
+        [0; 32]
+    }
+    fn get(
+        &mut self,
+        prefix: &compactor::compaction::planner::digest::Digest,
+    ) -> Option<compactor::compaction::planner::plan::CachedSummary> {
+        (prefix == &self.0).then(|| self.1.clone())
+    }
+}
+
+/// A connection from `from` (any of 127.0.0.0/8 reaches a loopback listener).
+pub async fn connect_from(proxy: &Proxy, from: std::net::IpAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind((from, 0).into()).expect("binds");
+    socket.connect(proxy.addr).await.expect("connects")
+}
+
+/// Everything the server sends until it closes the connection.
+pub async fn read_to_close(stream: &mut tokio::net::TcpStream) -> String {
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        BOUND,
+        tokio::io::AsyncReadExt::read_to_end(stream, &mut out),
+    )
+    .await
+    .expect("the server closes the connection within the bound")
+    .ok();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The head of a response, read byte by byte up to its blank line.
+pub async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(BOUND, tokio::io::AsyncReadExt::read(stream, &mut byte))
+            .await
+            .expect("a response head within the bound")
+            .unwrap_or(0);
+        if read == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
