@@ -3,14 +3,14 @@
 //! and the summarizer's input for a summarize decision; the parse + count and plan + rewrite
 //! again for the same agent run as a Responses request and as a Messages request.
 
-use compactor::compaction::front_ends::chat;
+use compactor::apis::chat;
 use std::hint::black_box;
 
-use compactor::compaction::front_ends::chat::summary_message;
-use compactor::compaction::front_ends::messages;
-use compactor::compaction::front_ends::responses;
-use compactor::compaction::front_ends::responses::summary_item;
-use compactor::compaction::front_ends::Parsed;
+use compactor::apis::chat::summary_message;
+use compactor::apis::messages;
+use compactor::apis::responses;
+use compactor::apis::responses::summary_item;
+use compactor::apis::Parsed;
 use compactor::compaction::planner::conversation::Conversation;
 use compactor::compaction::planner::plan::{over_trigger, plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::planner::rewrite::{rewrite, Splice};

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use compactor::apis::Api;
 use compactor::compaction::engine::CompactionEngine;
-use compactor::compaction::front_ends::Api;
 use compactor::compaction::planner::tokens::Encoding;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summaries::summarizer::{
@@ -176,7 +176,7 @@ async fn session_with(scale: &str, trigger: u64, kind: &str, extra: &str) -> Cos
                 Bytes::from(body),
                 "mock",
                 Caller::default(),
-                Api::ChatCompletions,
+                Api::ChatCompletions.front_end(),
             )
             .await;
         answer(kind, i, &mut messages);

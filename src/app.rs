@@ -26,7 +26,7 @@ pub struct Generation {
     pub bounds: BodyBounds,
     pub model_labels: ModelLabels,
     /// The providers' compaction contracts compactor serves, per upstream.
-    pub native: crate::native::NativeCompaction,
+    pub native: crate::served::NativeCompaction,
 }
 
 /// What one request works with: the current generation and this worker's pools for it.
@@ -276,7 +276,7 @@ impl Generation {
             auth: Auth::from_config(&config.auth),
             bounds: BodyBounds::from_config(&config.limits),
             model_labels: ModelLabels::new(&config),
-            native: crate::native::NativeCompaction::new(&config),
+            native: crate::served::NativeCompaction::new(&config),
             config,
         }
     }

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod apis;
 pub mod app;
 pub mod auth;
 pub mod body;
@@ -17,7 +18,6 @@ pub mod headers;
 pub mod inbound;
 pub mod lean_client;
 pub mod metrics;
-pub mod native;
 pub mod notice;
 pub mod operate;
 pub mod poison;
@@ -25,6 +25,7 @@ pub mod proxy;
 pub mod relay;
 pub mod routing;
 pub mod sealing;
+pub mod served;
 pub mod server;
 pub mod telemetry;
 pub mod upstream;

@@ -19,8 +19,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use wildmatch::WildMatch;
 
-use crate::compaction::front_ends::Api;
-
 use crate::compaction::calibration::Learned;
 use crate::compaction::{CacheUse, Outcome, OutcomeKind, Reason};
 use crate::config::Config;
@@ -62,8 +60,8 @@ pub type Name = Arc<str>;
 /// The route a request took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Route {
-    /// A model call on an API compactor reads.
-    Api(Api),
+    /// A model call on an API compactor reads, by the API's label.
+    Api(&'static str),
     /// Another path forwarded upstream.
     #[default]
     Other,
@@ -74,7 +72,7 @@ pub enum Route {
 impl Route {
     pub fn label(self) -> &'static str {
         match self {
-            Route::Api(api) => api.label(),
+            Route::Api(label) => label,
             Route::Other => "other",
             Route::Local => "local",
         }
@@ -790,7 +788,7 @@ mod tests {
     fn a_disabled_registry_counts_nothing() {
         let metrics = Metrics::new(false);
         metrics.finished(&Finished {
-            route: Route::Api(Api::ChatCompletions),
+            route: Route::Api("chat_completions"),
             status: 200,
             upstream: None,
             model: None,

@@ -4,12 +4,12 @@
 //! tool result answers an earlier call (every call answered, but for a final pending turn).
 #![no_main]
 
-use compactor::compaction::front_ends::chat;
+use compactor::apis::chat;
 use std::collections::HashMap;
 
 use compactor::compaction::planner::conversation::Conversation;
 use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};
-use compactor::compaction::front_ends::chat::summary_message;
+use compactor::apis::chat::summary_message;
 use compactor::compaction::planner::rewrite::rewrite;
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::compaction::planner::tokens::TokenModel;

@@ -16,9 +16,10 @@ use tracing::Instrument;
 use crate::compaction::calibration::{Learned, SampleClaim};
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
-use crate::compaction::front_ends::Api;
-use crate::compaction::front_ends::Parsed;
+use crate::compaction::front_end::FrontEnd;
+use crate::compaction::front_end::Parsed;
 use crate::compaction::offload::{CpuPool, Offloaded};
+use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::plan::CachedSummary;
 use crate::compaction::planner::size_bound::provably_under;
 use crate::compaction::planner::tokens::{CharCount, TokenModel};
@@ -119,7 +120,7 @@ fn log_calibration(model: &str, counted: u64, learned: Learned) {
 /// by class on the planner's pool, off the response path.
 pub struct CalibrationSample {
     inner: Arc<Inner>,
-    api: Api,
+    api: &'static dyn FrontEnd,
     /// The upstream and model it calibrates ([`calibration_key`]).
     key: String,
     model: String,
@@ -153,7 +154,7 @@ impl CalibrationSample {
             let configured = windows.configured_token_model(&model);
             let features = inner
                 .pool
-                .run(body.len(), move || match api.front_end().parse(&body) {
+                .run(body.len(), move || match api.parse(&body) {
                     Ok(Parsed::Conversation(conversation))
                         if conversation.model.as_deref() == Some(claimed_model.as_str()) =>
                     {
@@ -312,7 +313,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: Api,
+        api: &'static dyn FrontEnd,
     ) -> Result<Compacted, CompactionRefused> {
         self.compact_as(headers, body, upstream, caller, api, Asked::default())
             .await
@@ -326,7 +327,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: Api,
+        api: &'static dyn FrontEnd,
         asked: Asked<'_>,
     ) -> Result<Compacted, CompactionRefused> {
         let first = self
@@ -357,20 +358,31 @@ impl CompactionEngine {
 
     /// compactor's count of a body's input (its messages and schemas), as its triggers count
     /// it; None for a body its front-end cannot plan.
-    pub fn count(&self, api: Api, upstream: &str, body: &[u8]) -> Option<u64> {
+    pub fn count(&self, api: &'static dyn FrontEnd, upstream: &str, body: &[u8]) -> Option<u64> {
         self.input_tokens(api, upstream, body, false)
     }
 
     /// A body's input counted as a retry after a context-length error plans it: with the
     /// model's own tokenizer where compactor has it, else the estimate.
-    pub fn count_as_retried(&self, api: Api, upstream: &str, body: &[u8]) -> Option<u64> {
+    pub fn count_as_retried(
+        &self,
+        api: &'static dyn FrontEnd,
+        upstream: &str,
+        body: &[u8],
+    ) -> Option<u64> {
         self.input_tokens(api, upstream, body, true)
     }
 
     /// A body's messages and schemas counted; `exact`: with the model's own tokenizer where
     /// compactor has it.
-    fn input_tokens(&self, api: Api, upstream: &str, body: &[u8], exact: bool) -> Option<u64> {
-        let Ok(Parsed::Conversation(conversation)) = api.front_end().parse(body) else {
+    fn input_tokens(
+        &self,
+        api: &'static dyn FrontEnd,
+        upstream: &str,
+        body: &[u8],
+        exact: bool,
+    ) -> Option<u64> {
+        let Ok(Parsed::Conversation(conversation)) = api.parse(body) else {
             return None;
         };
         let windows = &self.inner.planner.windows;
@@ -386,7 +398,7 @@ impl CompactionEngine {
     /// body, when the model is due a sample.
     pub fn calibration_sample(
         &self,
-        api: Api,
+        api: &'static dyn FrontEnd,
         upstream: &str,
         model: &str,
         compacted: &Compacted,
@@ -423,7 +435,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: Api,
+        api: &'static dyn FrontEnd,
         reactive: Reactive,
     ) -> Result<Compacted, CompactionRefused> {
         let asked = Asked {
@@ -439,7 +451,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: Api,
+        api: &'static dyn FrontEnd,
         asked: Asked<'_>,
     ) -> Result<Compacted, CompactionRefused> {
         let Asked {
@@ -459,7 +471,7 @@ impl CompactionEngine {
         }
         // Summaries made ahead start below the trigger, so the bound is then proved against
         // that share of it.
-        let front_end = api.front_end();
+        let front_end = api;
         if reactive.is_none() && control != Control::Force && front_end.size_bound_applies() {
             let settings = planner.settings_for(caller.key).0;
             let share = planner.config.precompute_at.unwrap_or(1.0);
@@ -772,6 +784,7 @@ impl CompactionEngine {
                 job.layout.splits.clone(),
             ),
             accounts: job.accounts.clone(),
+            dialect: job.dialect,
             bound,
             summary_prompt: job.summary_prompt.clone(),
         };
@@ -865,6 +878,7 @@ struct SummaryRun {
     accounts: Vec<[u8; 32]>,
     bound: Duration,
     summary_prompt: Option<Arc<str>>,
+    dialect: &'static dyn Dialect,
 }
 
 impl Inner {
@@ -895,7 +909,9 @@ impl Inner {
                     &run.chunks,
                 )
                 .await?;
-            let count = |text: &str| summary_tokens(text, &self.planner.config, &run.token_model);
+            let count = |text: &str| {
+                summary_tokens(text, &self.planner.config, &run.token_model, run.dialect)
+            };
             if count(&text) >= run.replaced_tokens {
                 return Err(CompactionFailure::NotSmaller);
             }

@@ -21,7 +21,7 @@ pub mod calibration;
 pub mod control;
 pub mod engine;
 pub mod failure;
-pub mod front_ends;
+pub mod front_end;
 pub mod offload;
 mod outcome;
 pub mod overflow;

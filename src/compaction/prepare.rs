@@ -7,15 +7,15 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::compaction::front_ends::chat::{parse_message, summary_message};
-use crate::compaction::front_ends::{Api, Parsed};
+use crate::compaction::front_end::{FrontEnd, Parsed};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::clearing::Cleared;
-use crate::compaction::planner::conversation::Conversation;
+use crate::compaction::planner::conversation::{Conversation, Dialect};
 use crate::compaction::planner::digest::{hash_parts, Digest};
 use crate::compaction::planner::plan::{
     self, Analysed, CachedSummary, Decision, Mode, Plan, PlanSettings, Ready,
 };
+use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::planner::rewrite::{apply_cleared, omission_text, RewriteError, Splice};
 use crate::compaction::planner::structure::Layout;
 use crate::compaction::planner::tokens::{CharCount, TokenModel};
@@ -142,6 +142,8 @@ pub(super) struct Job {
     pub ahead_base: Option<CacheKey>,
     /// The client's own summary prompt, in place of `summary_prompt`.
     pub summary_prompt: Option<Arc<str>>,
+    /// How the request's API writes a summary: the summary is counted as it will be sent.
+    pub dialect: &'static dyn Dialect,
 }
 
 impl Job {
@@ -180,7 +182,7 @@ pub(super) struct Ask<'r> {
     pub credentials: &'r Credentials,
     pub upstream: &'r str,
     pub force: bool,
-    pub api: Api,
+    pub api: &'static dyn FrontEnd,
     pub reactive: Option<Reactive>,
     /// The client's own summary prompt for this request (a template with `{messages}`), in
     /// place of `summary_prompt`.
@@ -306,7 +308,7 @@ impl Planner {
     /// Parse once, threshold, stages, the summaries on hand (the shared tier asked in the
     /// middle when there is one), plan, and the body when no summarizer call is needed.
     pub async fn prepare(&self, body: &[u8], ask: &Ask<'_>) -> Prepared {
-        let parsed = ask.api.front_end().parse(body);
+        let parsed = ask.api.parse(body);
         let conversation = match parsed {
             Ok(Parsed::Conversation(conversation)) => conversation,
             Ok(Parsed::LeaveAlone(reason)) => return forward(Outcome::uncounted(reason), None),
@@ -414,7 +416,8 @@ impl Planner {
         }
         // What another replica wrote is counted here again rather than believed.
         let recount = |summary: &mut CachedSummary| {
-            summary.tokens = summary_tokens(&summary.text, &self.config, token_model);
+            summary.tokens =
+                summary_tokens(&summary.text, &self.config, token_model, ready.dialect());
         };
         let shared_keys = |past: usize| -> Vec<CacheKey> {
             ready
@@ -848,6 +851,7 @@ impl Planner {
             reason: context.reason,
             ahead_base: None,
             summary_prompt: context.summary_prompt.map(Arc::from),
+            dialect: conversation.dialect,
         })
     }
 }
@@ -886,9 +890,19 @@ fn truncated_body(truncated: Fallback, base: Outcome, next: Next) -> Prepared {
 }
 
 /// Estimated tokens of the summary message that carries `text`.
-pub(super) fn summary_tokens(text: &str, config: &SummarizationConfig, model: &TokenModel) -> u64 {
-    let json = summary_message(text, config.summary_role);
-    parse_message(&json)
+pub(super) fn summary_tokens(
+    text: &str,
+    config: &SummarizationConfig,
+    model: &TokenModel,
+    dialect: &dyn Dialect,
+) -> u64 {
+    let json = dialect.summary_json(
+        &format!("{SUMMARY_PREFIX}{text}"),
+        config.summary_role,
+        None,
+    );
+    dialect
+        .parse_message(&json)
         .map(|m| m.tokens(model))
         .unwrap_or(u64::MAX)
 }

@@ -7,7 +7,7 @@ use http_body_util::BodyExt;
 
 use crate::body::{self, prefixed, ProxyBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
-use crate::compaction::front_ends::Api;
+use crate::compaction::front_end::FrontEnd;
 use crate::compaction::offload::Offloaded;
 use crate::compaction::overflow;
 use crate::compaction::prepare::Reactive;
@@ -22,7 +22,7 @@ const OVERFLOW_BODY_LIMIT: usize = 64 * 1024;
 /// What a compacted request needs for its one retry after a context-length error.
 pub struct Retry<'e, 'k> {
     pub engine: &'e CompactionEngine,
-    pub api: Api,
+    pub api: &'static dyn FrontEnd,
     pub caller: Caller<'k>,
     /// The client's body as it came.
     pub original: Bytes,

@@ -96,6 +96,9 @@ impl<'ast> syn::visit::Visit<'ast> for Paths {
         expand_use_tree(&item.tree, "", &mut self.0);
     }
 
+    /// `pub(super)` or `pub(in crate::a)` says who may use an item, not what it uses.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
         if segments.first().is_some_and(|first| anchored(first)) {
@@ -304,7 +307,7 @@ fn the_checker_sees_use_trees_inline_paths_and_cycles() {
         .map(|m| (m.to_string(), PathBuf::new()))
         .collect();
     let code = syn::parse_file(
-        "use super::{b::X, c};\n// use crate::d;\nfn f() { let s = \"crate::d\"; crate::d::g(); }\n#[cfg(test)]\nmod tests { use crate::a; }\n",
+        "use super::{b::X, c};\n// use crate::d;\npub(super) fn v() {}\nfn f() { let s = \"crate::d\"; crate::d::g(); }\n#[cfg(test)]\nmod tests { use crate::a; }\n",
     )
     .expect("parses");
     let deps = dependencies("a::b", &code, &known);

@@ -6,7 +6,7 @@
 //! no upstream refusal, and the summarizer's own window is learned from its error.
 
 use crate::common::*;
-use compactor::compaction::front_ends::{Api, Parsed};
+use compactor::apis::{Api, Parsed};
 use compactor::compaction::windows::Windows;
 use mock_upstream::window::Counting;
 use mock_upstream::{MockHandle, MockMode, MockOptions, Reported};

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::Rng;
 use bytes::Bytes;
+use compactor::apis::Api;
 use compactor::compaction::engine::CompactionEngine;
-use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summaries::summarizer::{
     Summarizer, Summary, SummaryFuture, SummaryRequest,
@@ -231,7 +231,7 @@ async fn through_engine(engine: &CompactionEngine, recording: &Recording, run: &
             Bytes::from(body),
             "mock",
             Caller::default(),
-            Api::ChatCompletions,
+            Api::ChatCompletions.front_end(),
         )
         .await
     {

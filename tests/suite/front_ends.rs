@@ -4,7 +4,7 @@
 //! compacted prefix is byte-identical on the next turn when the summary is reused.
 
 use crate::common::One;
-use compactor::compaction::front_ends::{Api, Parsed};
+use compactor::apis::{Api, Parsed};
 use compactor::compaction::planner::conversation::Conversation;
 use compactor::compaction::planner::plan::{plan, CachedSummary, Decision, NoCache, PlanSettings};
 use compactor::compaction::planner::rewrite::Splice;

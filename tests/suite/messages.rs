@@ -3,8 +3,8 @@
 //! receives and what the client gets back, against the mock's Anthropic-style validation.
 
 use crate::common::*;
-use compactor::compaction::front_ends::messages;
-use compactor::compaction::front_ends::Parsed;
+use compactor::apis::messages;
+use compactor::apis::Parsed;
 use compactor::compaction::planner::plan::{plan, Decision, NoCache, PlanSettings};
 use compactor::compaction::planner::rewrite::{Splice, SUMMARY_PREFIX};
 use compactor::compaction::planner::tokens::TokenModel;

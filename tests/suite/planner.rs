@@ -1,8 +1,8 @@
 //! The planner's cases, from the reference's own tests and bugs, in the OpenAI format.
 
 use crate::common::One;
-use compactor::compaction::front_ends::chat;
-use compactor::compaction::front_ends::chat::summary_message;
+use compactor::apis::chat;
+use compactor::apis::chat::summary_message;
 use compactor::compaction::planner::digest::Digest;
 use compactor::compaction::planner::plan::{
     plan, CachedSummary, Decision, NoCache, Plan, PlanSettings, SummaryLookup,

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::common::*;
+use compactor::apis::Api;
 use compactor::compaction::engine::{Compacted, CompactionEngine};
-use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summaries::summarizer::{
     Summarizer, Summary, SummaryFuture, SummaryRequest,
@@ -336,7 +336,7 @@ async fn compact_chat(engine: &CompactionEngine, messages: &[Value]) -> Compacte
             bytes::Bytes::from(body),
             "mock",
             Caller::default(),
-            Api::ChatCompletions,
+            Api::ChatCompletions.front_end(),
         )
         .await
     {

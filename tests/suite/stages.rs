@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::common::*;
 use bytes::Bytes;
+use compactor::apis::Api;
 use compactor::compaction::engine::CompactionEngine;
-use compactor::compaction::front_ends::Api;
 use compactor::compaction::scope::Caller;
 use compactor::compaction::summaries::summarizer::{
     Summarizer, Summary, SummaryFuture, SummaryRequest,
@@ -195,7 +195,7 @@ async fn session(precompute_at: Option<f64>) -> Session {
                 Bytes::from(body),
                 "mock",
                 Caller::default(),
-                Api::ChatCompletions,
+                Api::ChatCompletions.front_end(),
             )
             .await
             .unwrap_or_else(|_| panic!("turn {i} compacts"));

@@ -100,11 +100,11 @@ fn cleared_copy(
 
 #[cfg(test)]
 mod tests {
-    use crate::compaction::front_ends::{chat, messages, responses};
+    use crate::apis::{chat, messages, responses};
     use serde_json::json;
 
     use super::*;
-    use crate::compaction::front_ends::Parsed;
+    use crate::apis::Parsed;
 
     fn chat(messages: serde_json::Value) -> String {
         json!({"model": "m", "messages": messages}).to_string()

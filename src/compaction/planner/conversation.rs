@@ -25,12 +25,12 @@ impl<'a> Json<'a> {
     }
 
     /// A slice a front-end already knows to be one JSON value of the body.
-    pub(in crate::compaction) fn of(raw: &'a str) -> Json<'a> {
+    pub(crate) fn of(raw: &'a str) -> Json<'a> {
         Json(raw)
     }
 
     /// None for an explicit `null`, which the API treats as absent.
-    pub(in crate::compaction) fn non_null(raw: &'a str) -> Option<Json<'a>> {
+    pub(crate) fn non_null(raw: &'a str) -> Option<Json<'a>> {
         (raw != "null").then_some(Json(raw))
     }
 }
@@ -47,7 +47,7 @@ pub enum Role {
 }
 
 impl Role {
-    pub(in crate::compaction) fn parse(role: &str) -> Role {
+    pub(crate) fn parse(role: &str) -> Role {
         match role {
             "system" => Role::System,
             "developer" => Role::Developer,
@@ -66,7 +66,7 @@ impl Role {
 
 /// An object a front-end reads in the body's one serde pass: the members planning reads, each
 /// a raw slice of the body, and where the object's braces are.
-pub(in crate::compaction) trait RawObject<'a>: Default {
+pub(crate) trait RawObject<'a>: Default {
     /// What serde says it expected when the value is not an object.
     const EXPECTING: &'static str;
     /// Where a member's raw value goes, when planning reads it.
@@ -77,9 +77,7 @@ pub(in crate::compaction) trait RawObject<'a>: Default {
 }
 
 /// Deserializes a [`RawObject`]: every front-end's `Deserialize` for its fields.
-pub(in crate::compaction) fn deserialize_raw_object<'de, T, D>(
-    deserializer: D,
-) -> Result<T, D::Error>
+pub(crate) fn deserialize_raw_object<'de, T, D>(deserializer: D) -> Result<T, D::Error>
 where
     T: RawObject<'de>,
     D: serde::Deserializer<'de>,
@@ -106,7 +104,7 @@ where
 /// Reads one JSON object's members with every value taken raw (a slice of the body, unknown
 /// members too), handing each key and value to `member`; returns the first and the last value,
 /// which locate the object's braces ([`object_span`]). None for an empty object.
-pub(in crate::compaction) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
+pub(crate) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
     map: &mut A,
     mut member: impl FnMut(&str, &'de str),
 ) -> Result<Option<(&'de str, &'de str)>, A::Error> {
@@ -125,7 +123,7 @@ pub(in crate::compaction) fn raw_members<'de, A: serde::de::MapAccess<'de>>(
 
 /// A member name borrowed from the body unless it has escapes (serde's own `Cow<str>` always
 /// copies, which cost a third of the parse).
-pub(in crate::compaction) struct MemberKey<'de>(pub(in crate::compaction) Cow<'de, str>);
+pub(crate) struct MemberKey<'de>(pub(crate) Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for MemberKey<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -224,8 +222,8 @@ pub struct Message<'a> {
     pub content: Option<Json<'a>>,
     pub refusal: Option<Json<'a>>,
     pub tool_calls: Vec<ToolCall<'a>>,
-    pub(in crate::compaction) tool_calls_raw: Option<Json<'a>>,
-    pub(in crate::compaction) function_call: Option<Json<'a>>,
+    pub(crate) tool_calls_raw: Option<Json<'a>>,
+    pub(crate) function_call: Option<Json<'a>>,
     pub tool_call_id: Option<Cow<'a, str>>,
     /// The calls a message of tool results answers besides `tool_call_id` (an Anthropic user
     /// message answers every `tool_use` of the assistant turn before it).
@@ -261,7 +259,7 @@ pub struct Conversation<'a> {
     /// Byte range of the `messages` array in `body` (replaced by a rewrite, nothing else is).
     pub messages_span: std::ops::Range<usize>,
     tools: Option<&'a RawValue>,
-    pub(in crate::compaction) functions: Option<&'a RawValue>,
+    pub(crate) functions: Option<&'a RawValue>,
     /// Pinned text sent outside the message list (Responses `instructions`).
     instructions: Option<&'a RawValue>,
     /// Tokens the caller reserved for the answer (`max_completion_tokens`, else `max_tokens`).
@@ -289,7 +287,7 @@ impl<'a> Conversation<'a> {
 
     /// A conversation read by another API's front-end: `messages` are its items mapped onto
     /// the message view, `messages_span` the byte range of the array holding them.
-    pub(in crate::compaction) fn from_parts(
+    pub(crate) fn from_parts(
         body: &'a [u8],
         model: Option<Cow<'a, str>>,
         messages: Vec<Message<'a>>,
@@ -359,7 +357,7 @@ impl<'a> Conversation<'a> {
 }
 
 /// Byte offset of `inner` (a subslice of `outer`) within `outer`.
-pub(in crate::compaction) fn offset_in(outer: &str, inner: &str) -> usize {
+pub(crate) fn offset_in(outer: &str, inner: &str) -> usize {
     (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize)
 }
 
@@ -400,7 +398,7 @@ fn skip_ws_back(bytes: &[u8], mut end: usize) -> usize {
 /// The byte range of the object whose first member's value starts at `first` and whose last
 /// member's value ends at `last_end`, in text serde has already validated: back over
 /// `"key" :` to the `{`, forward over whitespace to the `}`.
-pub(in crate::compaction) fn object_span(
+pub(crate) fn object_span(
     text: &str,
     first: usize,
     last_end: usize,
@@ -439,7 +437,7 @@ pub(in crate::compaction) fn object_span(
 impl<'a> Message<'a> {
     /// One item of another API, already taken apart by its front-end; `raw` is its bytes.
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::compaction) fn from_item(
+    pub(crate) fn from_item(
         raw: &'a str,
         role_text: Cow<'a, str>,
         content: Option<&'a str>,
@@ -470,7 +468,7 @@ impl<'a> Message<'a> {
     }
 
     /// A tool message whose content is its output (chat completions, Responses) lists it.
-    pub(in crate::compaction) fn with_own_output(mut self) -> Self {
+    pub(crate) fn with_own_output(mut self) -> Self {
         if self.role == Role::Tool && self.opaque.is_none() {
             if let (Some(value), Some(id)) = (self.content, &self.tool_call_id) {
                 self.tool_outputs.push(ToolOutput {
@@ -645,7 +643,7 @@ pub(crate) struct PartView<'a> {
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.
-pub(in crate::compaction) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
+pub(crate) fn string_value(raw: &str) -> Option<Cow<'_, str>> {
     if !raw.starts_with('"') {
         return None;
     }
@@ -696,7 +694,7 @@ fn push_values(value: &Value, text: &mut String) {
 }
 
 /// Tokens of one content value (a string or an array of parts), as a message counts it.
-pub(in crate::compaction) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
+pub(crate) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
     let (mut chars, mut images) = (CharCount::default(), 0);
     content_pieces(Json(raw), &mut |piece| {
         tally(piece, &mut chars, &mut images)
@@ -739,7 +737,7 @@ fn content_pieces(raw: Json<'_>, visit: &mut dyn FnMut(Piece<'_>)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::front_ends::chat;
+    use crate::apis::chat;
 
     fn tokens_of(message: serde_json::Value, cpt: f64) -> u64 {
         let raw = serde_json::to_string(&message).unwrap();

@@ -241,7 +241,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::front_ends::chat;
+    use crate::apis::chat;
 
     fn digests(body: &str) -> Vec<Digest> {
         let conversation = chat::parse(body.as_bytes()).unwrap();

@@ -6,7 +6,7 @@
 //! [`crate::compaction::planner::rewrite::validate`] before a byte is sent.
 
 use crate::compaction::planner::clearing::{clear_outputs, Cleared};
-use crate::compaction::planner::conversation::{Conversation, Message, PinnedText, Role};
+use crate::compaction::planner::conversation::{Conversation, Dialect, Message, PinnedText, Role};
 use crate::compaction::planner::digest::{prefix_chain, Digest};
 use crate::compaction::planner::skills::{skill_bundles, SkillBundle, SkillRescue};
 use crate::compaction::planner::structure::{validate_layout, Groups, Layout, Split};
@@ -473,6 +473,11 @@ fn reached(thresholds: &[Threshold], mode: Mode, tokens: u64, messages: u64) -> 
 }
 
 impl Ready<'_, '_> {
+    /// How the request's API writes a summary.
+    pub fn dialect(&self) -> &'static dyn Dialect {
+        self.conversation.dialect
+    }
+
     /// The prefixes a summary on hand may cover (valid cuts after the pinned head), longest
     /// first, with their cache keys.
     pub fn candidates(&self) -> impl Iterator<Item = (usize, Digest)> + '_ {

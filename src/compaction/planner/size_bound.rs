@@ -163,7 +163,7 @@ fn has_escaped_ascii_letter(body: &[u8], escape: &Finder<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::front_ends::chat;
+    use crate::apis::chat;
     use crate::compaction::planner::plan::over_trigger;
     use crate::config::{ModelConfig, SummarizationConfig};
     use proptest::prelude::*;

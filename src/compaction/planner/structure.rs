@@ -198,7 +198,7 @@ pub fn validate<'m, 'a: 'm>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::front_ends::chat;
+    use crate::apis::chat;
 
     fn check(body: &str) -> Result<(), ValidationError> {
         let conversation = chat::parse(body.as_bytes()).unwrap();

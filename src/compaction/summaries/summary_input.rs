@@ -890,7 +890,7 @@ pub fn strip_raw_base64(text: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::front_ends::chat;
+    use crate::apis::chat;
 
     #[test]
     fn base64_without_a_data_header_becomes_a_placeholder_and_ids_stay() {

@@ -1,84 +1,25 @@
-//! The providers' own compaction contracts, served for upstreams that lack them: OpenAI's
-//! `POST /v1/responses/compact`, a `/responses` request ending with a `compaction_trigger`
-//! item (Codex's remote compaction), `context_management` compaction on `/responses`
-//! ([`managed`]), and Anthropic's `compact_20260112` edit ([`messages`]) and context editing
-//! ([`editing`]). The conversation is compacted by the planner and the
-//! summarizer every other request uses (its cache, budget and single flight included), and
-//! answered in OpenAI's shape with exactly one `compaction` item, which carries the summary
-//! sealed ([`crate::sealing`]). When the client sends that item back on `/responses`, it is
-//! expanded into what it carries before the request goes on, so the upstream never sees an item
-//! it does not know. Items compactor did not seal are forwarded untouched; ones it sealed that
-//! do not open are refused.
+//! OpenAI's compaction contracts on `/responses`, served for upstreams that lack them:
+//! `POST /v1/responses/compact`, a request ending with a `compaction_trigger` item (Codex's
+//! remote compaction), and the expansion of compactor's own `compaction` items when the client
+//! sends them back.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::compaction::engine::{Asked, Compacted, CompactionEngine};
-use crate::compaction::front_ends::responses::{input_item_spans, summary_item};
-use crate::compaction::front_ends::Api;
+use super::{input_item_spans, summary_item};
+use crate::apis::Api;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
-use crate::compaction::scope::{Caller, Credentials};
 use crate::compaction::{Outcome, OutcomeKind};
-use crate::config::Config;
 use crate::error::ProxyError;
-use crate::sealing::{Opened, Sealer};
+use crate::sealing::Sealer;
+use crate::served::splice;
+use crate::served::{
+    compacted, failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried,
+};
 
 /// The path of OpenAI's compaction endpoint under the API prefix.
 pub const COMPACT_PATH: &str = "/responses/compact";
-
-pub mod editing;
-pub mod managed;
-pub mod messages;
-pub mod splice;
-
-/// Which upstreams get the contracts served, and the sealer for their items.
-#[derive(Debug, Default)]
-pub struct NativeCompaction {
-    sealer: Option<Sealer>,
-    served: Vec<String>,
-}
-
-impl NativeCompaction {
-    pub fn new(config: &Config) -> NativeCompaction {
-        let served = config
-            .upstreams
-            .iter()
-            .filter(|u| config.summarization.enabled && u.serves_native_compaction(&config.sealing))
-            .map(|u| u.name.clone())
-            .collect();
-        NativeCompaction {
-            sealer: Sealer::new(&config.sealing.keys),
-            served,
-        }
-    }
-
-    /// The sealer, when compactor serves the contracts for `upstream`.
-    pub fn for_upstream(&self, upstream: &str) -> Option<&Sealer> {
-        let sealer = self.sealer.as_ref()?;
-        self.served.iter().any(|u| u == upstream).then_some(sealer)
-    }
-}
-
-/// What serving a contract needs besides the body: the engine and sealer, the upstream the
-/// request is routed to, who sent it and its headers.
-#[derive(Clone, Copy)]
-pub struct Ask<'a> {
-    pub engine: &'a CompactionEngine,
-    pub sealer: &'a Sealer,
-    pub upstream: &'a str,
-    pub caller: Caller<'a>,
-    pub headers: &'a HeaderMap,
-}
-
-impl Ask<'_> {
-    /// The tenant sealed items are bound to: the one its summaries are scoped to.
-    pub fn tenant(&self) -> [u8; 32] {
-        Credentials::of(self.caller, self.headers).tenant()
-    }
-}
 
 /// `body` (a Responses or compact body) with compactor's own compaction items replaced by what
 /// they carry (the summary message, kept items); None when it holds none (most bodies: a byte
@@ -131,19 +72,6 @@ pub fn expand(
     Ok(Some(Bytes::from(out)))
 }
 
-/// What a compaction item carries, sealed: the summary, and the items it stands for that the
-/// client does not keep itself (after a `compaction_trigger`, the kept tail).
-#[derive(Serialize, Deserialize)]
-struct Carried {
-    summary: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    items: Vec<Value>,
-    /// The item stands for the whole input before it (made under `context_management`): what
-    /// precedes it is dropped when it is expanded, as the provider reads its own.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    replaces: bool,
-}
-
 /// A conversation compacted on the client's request: the pinned head, the summary (empty when
 /// nothing was worth one) and the kept tail, as items.
 struct Compaction {
@@ -157,7 +85,7 @@ struct Compaction {
 /// the planner, summarizer, cache and budget every request uses.
 async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyError> {
     let original = input_items(&body);
-    let compacted = compacted(ask, body, Api::Responses, None).await?;
+    let compacted = compacted(ask, body, Api::Responses.front_end(), None).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {
@@ -194,36 +122,6 @@ async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyE
         }
         _ => Err(failed(outcome.reason)),
     }
-}
-
-/// `body` compacted as if `x-compactor: force` were sent: the client asked for it. With
-/// `summary_prompt` (a template), the summary is written to the client's own prompt.
-async fn compacted(
-    ask: &Ask<'_>,
-    body: Bytes,
-    api: Api,
-    summary_prompt: Option<&str>,
-) -> Result<Compacted, ProxyError> {
-    let mut forced = ask.headers.clone();
-    forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
-    let caller = Caller {
-        may_force: true,
-        ..ask.caller
-    };
-    let asked = Asked::summary_prompt(summary_prompt);
-    ask.engine
-        .compact_as(&forced, body, ask.upstream, caller, api, asked)
-        .await
-        .map_err(|refused| failed(refused.outcome.reason))
-}
-
-/// `body` compacted as any request is, by compactor's own triggers; a request it cannot
-/// compact is refused as the client's own compaction would be.
-async fn compacted_by_triggers(ask: &Ask<'_>, body: Bytes) -> Result<Compacted, ProxyError> {
-    ask.engine
-        .compact(ask.headers, body, ask.upstream, ask.caller, Api::Responses)
-        .await
-        .map_err(|refused| failed(refused.outcome.reason))
 }
 
 /// Whether a kept item is one Codex keeps itself across a remote compaction (its instructions
@@ -372,13 +270,6 @@ pub async fn compact_on_trigger(
     Ok((Bytes::from(text), true, compaction.outcome))
 }
 
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// The usage of a compaction served here: compactor's count of the conversation before and
 /// after it (no model produced tokens for the client).
 fn usage(outcome: &Outcome) -> Value {
@@ -441,7 +332,7 @@ fn input_items(body: &[u8]) -> Vec<Value> {
 }
 
 /// The array `key` of a JSON object body; empty when there is none.
-fn array_field(body: &[u8], key: &str) -> Vec<Value> {
+pub(crate) fn array_field(body: &[u8], key: &str) -> Vec<Value> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(mut fields)) => match fields.remove(key) {
             Some(Value::Array(items)) => items,
@@ -468,46 +359,6 @@ fn compaction_item(
         "type": "compaction",
         "encrypted_content": sealed,
     }))
-}
-
-fn seal(sealer: &Sealer, tenant: &[u8; 32], carried: &Carried) -> Result<String, ProxyError> {
-    let plain = serde_json::to_string(carried).map_err(|e| ProxyError::Internal(e.to_string()))?;
-    sealer
-        .seal(tenant, &plain)
-        .map_err(|e| ProxyError::Internal(e.to_string()))
-}
-
-/// What a sealed `encrypted_content` carries: None when compactor did not seal it.
-fn open(sealer: &Sealer, tenant: &[u8; 32], sealed: &str) -> Result<Option<Carried>, ProxyError> {
-    match sealer.open(tenant, sealed) {
-        Opened::Foreign => Ok(None),
-        Opened::Refused => Err(ProxyError::SealedItemRefused),
-        Opened::Plain(plain) => serde_json::from_str::<Carried>(&plain)
-            .map(Some)
-            .map_err(|_| ProxyError::SealedItemRefused),
-    }
-}
-
-/// The planner found nothing worth a summary: the answer is the items as they came.
-fn nothing_to_summarize(reason: Reason) -> bool {
-    matches!(
-        reason,
-        Reason::NothingToSummarize | Reason::SpanTooSmall | Reason::UnderTrigger
-    )
-}
-
-fn failed(reason: Reason) -> ProxyError {
-    if reason == Reason::Budget {
-        return ProxyError::CompactionRateLimited;
-    }
-    ProxyError::NativeCompactionFailed(format!(
-        "compactor could not summarize this conversation ({reason}); nothing was compacted, retry later"
-    ))
-}
-
-fn hex_digest(parts: &[&[u8]]) -> String {
-    let digest = crate::compaction::planner::digest::hash_parts(parts.iter().copied());
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

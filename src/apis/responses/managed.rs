@@ -9,12 +9,14 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::splice::{spliced, write_event, Event, Splice};
-use super::{array_field, failed, hex_digest, nothing_to_summarize, seal, Ask, Carried};
+use super::compact::array_field;
+use crate::apis::Api;
 use crate::body::ProxyBody;
-use crate::compaction::front_ends::Api;
+use crate::compaction::engine::Compacted;
 use crate::compaction::{Outcome, OutcomeKind};
 use crate::error::ProxyError;
+use crate::served::splice::{spliced, write_event, Event, Splice};
+use crate::served::{compacted, failed, hex_digest, nothing_to_summarize, seal, Ask, Carried};
 
 /// What serving `context_management` made of a Responses request.
 pub enum Managed {
@@ -49,17 +51,17 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
         Some(threshold) => {
             let under = ask
                 .engine
-                .count(Api::Responses, ask.upstream, &stripped)
+                .count(Api::Responses.front_end(), ask.upstream, &stripped)
                 .is_none_or(|tokens| tokens < threshold);
             if under {
                 return Ok(Managed::Stripped(stripped));
             }
-            super::compacted(ask, stripped.clone(), Api::Responses, None).await?
+            compacted(ask, stripped.clone(), Api::Responses.front_end(), None).await?
         }
         // Without a threshold the provider decides when: compactor's own triggers do here,
         // and a summary they call for is the compaction the client gets.
         None => {
-            let compacted = super::compacted_by_triggers(ask, stripped.clone()).await?;
+            let compacted = compacted_by_triggers(ask, stripped.clone()).await?;
             match compacted.outcome.kind {
                 OutcomeKind::Summarized | OutcomeKind::Reused => compacted,
                 // The client did not ask for a compaction: it is not refused for want of one.
@@ -187,10 +189,25 @@ pub fn spliced_stream(inner: ProxyBody, item: &Value) -> ProxyBody {
     )
 }
 
+/// `body` compacted as any request is, by compactor's own triggers; a request it cannot
+/// compact is refused as the client's own compaction would be.
+async fn compacted_by_triggers(ask: &Ask<'_>, body: Bytes) -> Result<Compacted, ProxyError> {
+    ask.engine
+        .compact(
+            ask.headers,
+            body,
+            ask.upstream,
+            ask.caller,
+            Api::Responses.front_end(),
+        )
+        .await
+        .map_err(|refused| failed(refused.outcome.reason))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::native::splice::Events;
+    use crate::served::splice::Events;
 
     const UPSTREAM: &str = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"output\":[]}}\n\n\
 event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"output\":[]}}\n\n\

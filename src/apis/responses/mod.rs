@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::ops::Range;
 
-use super::{FrontEnd, Parsed, Unplannable};
+use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     deserialize_raw_object, object_span, offset_in, string_value, Conversation, Message,
@@ -26,6 +26,10 @@ use crate::compaction::planner::conversation::{
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
+
+pub mod compact;
+pub mod managed;
+pub mod served;
 
 #[derive(Deserialize)]
 struct RequestView<'a> {
@@ -234,7 +238,7 @@ pub fn input_item_spans(body: &[u8]) -> Option<Vec<(Range<usize>, Option<String>
 }
 
 /// One item read on its own (a copy made by a stage), as [`parse`] reads each item.
-pub(in crate::compaction) fn parse_item(raw: &str) -> Option<Message<'_>> {
+pub(crate) fn parse_item(raw: &str) -> Option<Message<'_>> {
     let fields: ItemFields<'_> = serde_json::from_str(raw).ok()?;
     item_message(raw, ItemView::of(&fields)).ok()
 }

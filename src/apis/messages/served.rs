@@ -14,17 +14,20 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::editing;
-use super::splice::{spliced, typed_events, write_event, Event, Splice};
-use super::{failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried};
+use crate::apis::Api;
 use crate::body::ProxyBody;
 use crate::compaction::engine::CompactionEngine;
-use crate::compaction::front_ends::Api;
 use crate::compaction::offload::Offloaded;
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{Outcome, OutcomeKind, SummarizerUsage};
 use crate::error::ProxyError;
 use crate::sealing::{Sealer, PREFIX};
+use crate::served::splice::{spliced, typed_events, write_event, Event, Splice};
+use crate::served::{
+    failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Before, BeforeFuture, Carried,
+    Contracts,
+};
 
 /// The edit this module serves.
 const EDIT: &str = "compact_20260112";
@@ -141,7 +144,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
     let stripped = Bytes::from(Value::Object(fields).to_string());
     let under = ask
         .engine
-        .count(Api::Messages, ask.upstream, &stripped)
+        .count(Api::Messages.front_end(), ask.upstream, &stripped)
         .is_none_or(|tokens| tokens < trigger);
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
@@ -153,10 +156,10 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
     if under {
         return Ok(edited(applied));
     }
-    let compacted = super::compacted(
+    let compacted = crate::served::compacted(
         ask,
         stripped.clone(),
-        Api::Messages,
+        Api::Messages.front_end(),
         summary_prompt.as_deref(),
     )
     .await?;
@@ -218,7 +221,9 @@ fn edit_request(
     }
     let count = |fields: &Map<String, Value>| {
         let body = serde_json::to_vec(fields).unwrap_or_default();
-        engine.count(Api::Messages, upstream, &body).unwrap_or(0)
+        engine
+            .count(Api::Messages.front_end(), upstream, &body)
+            .unwrap_or(0)
     };
     let applied = editing::apply(&mut fields, &edits, &count);
     Ok(Some(Edited {
@@ -405,7 +410,7 @@ fn take_edit(fields: &mut Map<String, Value>) -> Option<Value> {
 }
 
 fn messages_of(body: &[u8]) -> Vec<Value> {
-    super::array_field(body, "messages")
+    crate::apis::responses::compact::array_field(body, "messages")
 }
 
 /// The summary's text in a compacted request: the text block the planner framed.
@@ -564,11 +569,61 @@ fn blocks_of(content: Option<&Value>) -> Vec<Value> {
     }
 }
 
+/// Anthropic's contracts on `/messages`, as one phase before the upstream call.
+pub struct MessagesContracts;
+
+impl Contracts for MessagesContracts {
+    fn serves(&self, rest: &str) -> bool {
+        rest == "/messages"
+    }
+
+    fn before<'a>(&'a self, ask: Ask<'a>, _rest: &'a str, body: &'a Bytes) -> BeforeFuture<'a> {
+        Box::pin(async move {
+            Ok(match serve(&ask, body).await? {
+                Served::Forward(None) => Before::Forward,
+                Served::Forward(Some(body)) => Before::Rewritten(body, None),
+                Served::Edited { body, addition } => {
+                    let addition = (!addition.is_empty()).then(|| boxed(addition));
+                    Before::Rewritten(body, addition)
+                }
+                Served::Compacted {
+                    body,
+                    outcome,
+                    addition,
+                } => Before::Compacted(body, outcome, Some(boxed(addition))),
+                Served::Answer {
+                    body,
+                    streamed,
+                    outcome,
+                } => Before::Answered {
+                    body,
+                    streamed,
+                    outcome,
+                },
+            })
+        })
+    }
+}
+
+fn boxed(addition: Addition) -> Box<dyn crate::served::Addition> {
+    Box::new(addition)
+}
+
+impl crate::served::Addition for Addition {
+    fn splice_stream(&self, stream: ProxyBody) -> ProxyBody {
+        spliced_stream(stream, self)
+    }
+
+    fn splice_whole(&self, whole: &[u8]) -> Option<Bytes> {
+        splice_into_message(whole, self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Secret;
-    use crate::native::splice::Events;
+    use crate::served::splice::Events;
 
     fn sealer() -> Sealer {
         Sealer::new(&[Secret::new("a sealing key of 16+ bytes")]).unwrap()

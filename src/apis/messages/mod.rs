@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::ops::Range;
 
-use super::{FrontEnd, Parsed, Unplannable};
+use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     deserialize_raw_object, object_span, offset_in, string_value, Conversation, Json, Message,
@@ -33,6 +33,9 @@ use crate::compaction::planner::conversation::{
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
+
+pub mod editing;
+pub mod served;
 
 #[derive(Deserialize)]
 struct RequestView<'a> {
@@ -176,7 +179,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
 }
 
 /// One message read on its own (a copy made by a stage), as [`parse`] reads each message.
-pub(in crate::compaction) fn parse_message(raw: &str) -> Option<Message<'_>> {
+pub(crate) fn parse_message(raw: &str) -> Option<Message<'_>> {
     let fields: MessageFields<'_> = serde_json::from_str(raw).ok()?;
     message(raw, &fields).ok()
 }

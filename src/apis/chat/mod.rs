@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 use std::ops::Range;
 
-use super::{FrontEnd, Parsed};
+use crate::compaction::front_end::{FrontEnd, Parsed};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     deserialize_raw_object, object_span, offset_in, string_value, Conversation, Json, Message,

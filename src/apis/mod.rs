@@ -1,0 +1,68 @@
+//! One folder per API, each a unit: its front-end (how its body reads as a conversation, the
+//! planner's [`Dialect`], the path it serves, what its stream can carry) and the contracts
+//! compactor serves for it ([`Contracts`]). [`Api`] is the registry: matched here and nowhere
+//! else.
+
+pub use crate::compaction::front_end::{FrontEnd, Parsed};
+use crate::compaction::planner::conversation::Dialect;
+use crate::served::Contracts;
+
+pub mod chat;
+pub mod messages;
+pub mod responses;
+
+/// The API a request speaks: it decides how the body is read and how the summary is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// OpenAI's chat completions (`POST /v1/chat/completions`).
+    ChatCompletions,
+    /// OpenAI's Responses (`POST /v1/responses`).
+    Responses,
+    /// Anthropic's Messages (`POST /v1/messages`).
+    Messages,
+}
+
+impl Api {
+    pub const ALL: [Api; 3] = [Api::ChatCompletions, Api::Responses, Api::Messages];
+
+    pub fn front_end(self) -> &'static dyn FrontEnd {
+        match self {
+            Api::ChatCompletions => &chat::Chat,
+            Api::Responses => &responses::Responses,
+            Api::Messages => &messages::Messages,
+        }
+    }
+
+    /// The API served at `path` (under the API prefix) for a POST.
+    pub fn for_path(path: &str) -> Option<Api> {
+        Api::ALL
+            .into_iter()
+            .find(|api| api.front_end().path() == path)
+    }
+
+    pub fn label(self) -> &'static str {
+        self.front_end().label()
+    }
+
+    /// The contracts compactor serves for it, when it serves any.
+    pub fn contracts(self) -> Option<&'static dyn Contracts> {
+        match self {
+            Api::ChatCompletions => None,
+            Api::Responses => Some(&responses::served::ResponsesContracts),
+            Api::Messages => Some(&messages::served::MessagesContracts),
+        }
+    }
+
+    /// The contracts served for a POST to `path` (under the API prefix).
+    pub fn contracts_for(path: &str) -> Option<&'static dyn Contracts> {
+        Api::ALL
+            .into_iter()
+            .filter_map(Api::contracts)
+            .find(|contracts| contracts.serves(path))
+    }
+
+    /// The planner's view of it.
+    pub fn dialect(self) -> &'static dyn Dialect {
+        self.front_end()
+    }
+}
