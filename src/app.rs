@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use crate::apis::summarizer::HttpSummarizer;
 use crate::auth::Auth;
 use crate::compaction::engine::CompactionEngine;
 use crate::config::Config;
@@ -268,7 +269,9 @@ impl Generation {
     ) -> Generation {
         let compaction = config.summarization.enabled.then(|| {
             let carried = previous.and_then(|p| p.compaction.as_ref());
-            CompactionEngine::new(&config, upstreams, metrics.clone(), carried)
+            let timeout = std::time::Duration::from_secs_f64(config.summarization.timeout_secs);
+            let summarizer = Arc::new(HttpSummarizer::new(upstreams, timeout));
+            CompactionEngine::new(&config, summarizer, metrics.clone(), carried)
         });
         Generation {
             id,

@@ -10,6 +10,8 @@ use crate::served::Contracts;
 pub mod chat;
 pub mod messages;
 pub mod responses;
+pub mod summarizer;
+pub mod summary_wire;
 
 /// The API a request speaks: it decides how the body is read and how the summary is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

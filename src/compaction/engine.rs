@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, AUTHORIZATION};
+use http::header::HeaderMap;
 use http::StatusCode;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -34,7 +34,7 @@ use crate::compaction::summaries::identifiers;
 use crate::compaction::summaries::single_flight::SingleFlight;
 use crate::compaction::summaries::store::{Claim, LayoutKey};
 use crate::compaction::summaries::summarizer::{
-    HttpSummarizer, Summarizer, SummaryCall, SummaryError, SummaryRequest,
+    Summarizer, SummaryCall, SummaryError, SummaryRequest,
 };
 use crate::compaction::summaries::summary_input;
 use crate::compaction::summaries::vet::{vet, Unusable};
@@ -45,7 +45,6 @@ use crate::config::{Config, FailMode, NoticeMode};
 use crate::headers;
 use crate::metrics::Metrics;
 use crate::notice::Notice;
-use crate::routing::Upstreams;
 use crate::upstream::Rewrite;
 
 #[derive(Clone)]
@@ -244,14 +243,14 @@ impl Compacted {
 impl CompactionEngine {
     /// The engine of `config`, calling the summarizer on `upstreams`; after a reload,
     /// `previous` hands over its summary cache and learned windows.
+    /// The engine of a config generation, its summaries made by `summarizer` and carried over
+    /// from the `previous` generation's.
     pub fn new(
         config: &Config,
-        upstreams: Arc<Upstreams>,
+        summarizer: Arc<dyn Summarizer>,
         metrics: Arc<Metrics>,
         previous: Option<&CompactionEngine>,
     ) -> CompactionEngine {
-        let timeout = Duration::from_secs_f64(config.summarization.timeout_secs);
-        let summarizer = Arc::new(HttpSummarizer::new(upstreams, timeout));
         CompactionEngine::build(config, summarizer, metrics, previous)
     }
 
@@ -803,21 +802,18 @@ impl CompactionEngine {
     /// Where `job`'s summarizer calls go, with the client's own credentials where they may.
     fn summary_call(&self, job: &Job, headers: &HeaderMap) -> SummaryCall {
         let config = &self.inner.planner.config;
-        let credential = |name| {
-            job.client_credentials
-                .then(|| headers.get(name).cloned())
-                .flatten()
-        };
+        let mut client_headers = headers.clone();
+        if !job.client_credentials {
+            for name in headers::CREDENTIALS {
+                client_headers.remove(name);
+            }
+        }
         SummaryCall {
             upstream: job.upstream.clone(),
             model: job.model.clone(),
             max_tokens: config.summary_max_tokens,
             api: config.summarizer_api,
-            client_authorization: credential(AUTHORIZATION),
-            client_api_key: credential(headers::API_KEY),
-            client_x_api_key: credential(headers::X_API_KEY),
-            anthropic_version: headers.get("anthropic-version").cloned(),
-            anthropic_beta: credential(http::HeaderName::from_static("anthropic-beta")),
+            client_headers,
         }
     }
 

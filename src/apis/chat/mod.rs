@@ -17,6 +17,8 @@ use crate::compaction::planner::conversation::{
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::config::{SummaryPlacement, SummaryRole};
 
+pub mod wire;
+
 #[derive(Deserialize)]
 struct RequestView<'a> {
     #[serde(borrow, default)]

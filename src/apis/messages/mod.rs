@@ -36,6 +36,7 @@ use crate::config::{SummaryPlacement, SummaryRole};
 
 pub mod editing;
 pub mod served;
+pub mod wire;
 
 #[derive(Deserialize)]
 struct RequestView<'a> {

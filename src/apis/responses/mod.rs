@@ -30,6 +30,7 @@ use crate::config::{SummaryPlacement, SummaryRole};
 pub mod compact;
 pub mod managed;
 pub mod served;
+pub mod wire;
 
 #[derive(Deserialize)]
 struct RequestView<'a> {
