@@ -101,7 +101,10 @@ impl LoggedBody {
                     .headers_after
                     .map(|at| at.saturating_sub(log.upstream_wait + summarizer)),
                 usage: self.usage.as_ref().and_then(|tap| tap.usage()),
-                compaction: log.compaction.as_ref(),
+                compaction: log
+                    .compaction
+                    .as_ref()
+                    .map(crate::compaction::Outcome::record),
             });
         }
     }

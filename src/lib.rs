@@ -13,6 +13,7 @@ pub mod auth;
 pub mod body;
 pub mod compaction;
 pub mod config;
+pub mod encoding;
 pub mod error;
 pub mod headers;
 pub mod inbound;

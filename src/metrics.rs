@@ -19,8 +19,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use wildmatch::WildMatch;
 
-use crate::compaction::calibration::Learned;
-use crate::compaction::{CacheUse, Outcome, OutcomeKind, Reason};
 use crate::config::Config;
 use crate::usage::Usage;
 
@@ -135,7 +133,22 @@ pub struct Finished<'r> {
     /// Time spent in compactor itself (everything but waiting on upstreams).
     pub overhead: Option<Duration>,
     pub usage: Option<Usage>,
-    pub compaction: Option<&'r Outcome>,
+    pub compaction: Option<CompactionRecord>,
+}
+
+/// What compaction did to one request, as the metrics count it (compaction's `Outcome` says
+/// it this way).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CompactionRecord {
+    pub outcome: &'static str,
+    pub reason: &'static str,
+    /// The summary cache's answer, when it was asked: hit or miss.
+    pub cache_hit: Option<bool>,
+    pub outputs_cleared: usize,
+    pub messages_dropped: usize,
+    pub precompute_started: bool,
+    /// The estimate before and after, when compaction changed the request.
+    pub tokens_changed: Option<(u64, u64)>,
 }
 
 /// Every metric compactor exports, and the registry that renders them.
@@ -493,7 +506,7 @@ impl Metrics {
         if let Some(overhead) = request.overhead {
             self.traffic.overhead.observe(overhead.as_secs_f64());
         }
-        if let Some(outcome) = request.compaction {
+        if let Some(outcome) = &request.compaction {
             self.compaction(outcome);
         }
         if !request.route.is_generation() || request.upstream.is_none() {
@@ -534,18 +547,18 @@ impl Metrics {
         }
     }
 
-    fn compaction(&self, outcome: &Outcome) {
+    fn compaction(&self, outcome: &CompactionRecord) {
         self.compaction
             .compactions
             .get_or_create(&CompactionLabels {
-                outcome: outcome.label(),
-                reason: outcome.reason.label(),
+                outcome: outcome.outcome,
+                reason: outcome.reason,
             })
             .inc();
-        match outcome.cache {
-            CacheUse::Hit => self.lookup("hit"),
-            CacheUse::Miss => self.lookup("miss"),
-            CacheUse::NotConsulted => {}
+        match outcome.cache_hit {
+            Some(true) => self.lookup("hit"),
+            Some(false) => self.lookup("miss"),
+            None => {}
         }
         if outcome.outputs_cleared > 0 {
             self.compaction
@@ -560,14 +573,7 @@ impl Metrics {
         if outcome.precompute_started {
             self.compaction.precomputes.inc();
         }
-        let changed = matches!(
-            outcome.kind,
-            OutcomeKind::Summarized
-                | OutcomeKind::Reused
-                | OutcomeKind::Cleared
-                | OutcomeKind::Truncated
-        );
-        if let (true, Some((before, after))) = (changed, outcome.token_counts()) {
+        if let Some((before, after)) = outcome.tokens_changed {
             self.compaction.tokens_before.observe(before as f64);
             self.compaction.tokens_after.observe(after as f64);
             self.compaction
@@ -583,16 +589,13 @@ impl Metrics {
             .inc();
     }
 
-    /// One summarizer call ended.
-    /// One sample of an upstream's input count against compactor's.
-    pub fn calibration(&self, learned: Learned) {
+    /// One sample of an upstream's input count against compactor's: its ratio, and whether
+    /// it was used or set aside as an outlier.
+    pub fn calibration(&self, used: bool, ratio: f64) {
         if !self.enabled() {
             return;
         }
-        let (result, ratio) = match learned {
-            Learned::Used { ratio } => ("used", ratio),
-            Learned::Outlier { ratio } => ("outlier", ratio),
-        };
+        let result = if used { "used" } else { "outlier" };
         self.compaction
             .calibration_samples
             .get_or_create(&ResultLabels { result })
@@ -615,14 +618,12 @@ impl Metrics {
     }
 
     /// Starts each of these failure reasons at zero.
-    pub fn known_failures(&self, reasons: &[Reason]) {
+    pub fn known_failures(&self, reasons: impl IntoIterator<Item = &'static str>) {
         for reason in reasons {
             let _ = self
                 .compaction
                 .summarizer_failures
-                .get_or_create(&ReasonLabels {
-                    reason: reason.label(),
-                });
+                .get_or_create(&ReasonLabels { reason });
         }
     }
 

@@ -79,6 +79,19 @@ pub enum Learned {
     Outlier { ratio: f64 },
 }
 
+impl Learned {
+    pub fn used(self) -> bool {
+        matches!(self, Learned::Used { .. })
+    }
+
+    /// The estimate over the upstream's count.
+    pub fn ratio(self) -> f64 {
+        match self {
+            Learned::Used { ratio } | Learned::Outlier { ratio } => ratio,
+        }
+    }
+}
+
 struct Fit {
     prior: Weights,
     gram: [[f64; FEATURES]; FEATURES],

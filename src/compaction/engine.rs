@@ -177,7 +177,7 @@ impl CalibrationSample {
                 store.share_calibration(&key, &shared).await;
             }
             log_calibration(&model, counted, learned);
-            inner.metrics.calibration(learned);
+            inner.metrics.calibration(learned.used(), learned.ratio());
         });
     }
 }
@@ -265,7 +265,7 @@ impl CompactionEngine {
         metrics: Arc<Metrics>,
         previous: Option<&CompactionEngine>,
     ) -> CompactionEngine {
-        metrics.known_failures(&CompactionFailure::REASONS);
+        metrics.known_failures(CompactionFailure::REASONS.iter().map(|r| r.label()));
         CompactionEngine {
             inner: Arc::new(Inner {
                 planner: Planner::new(config, previous.map(|p| &p.inner.planner), &metrics),
@@ -1011,7 +1011,7 @@ impl Inner {
             ) {
                 if let Some(learned) = windows.calibrate(&claim, &features, counted, 0) {
                     log_calibration(&call.model, counted, learned);
-                    self.metrics.calibration(learned);
+                    self.metrics.calibration(learned.used(), learned.ratio());
                 }
             }
             let vetted = vet(&summary.text, &instructions).map_err(|unusable| match unusable {

@@ -152,6 +152,30 @@ impl Outcome {
         self.kind.label()
     }
 
+    /// What the metrics count of it.
+    pub fn record(&self) -> crate::metrics::CompactionRecord {
+        let changed = matches!(
+            self.kind,
+            OutcomeKind::Summarized
+                | OutcomeKind::Reused
+                | OutcomeKind::Cleared
+                | OutcomeKind::Truncated
+        );
+        crate::metrics::CompactionRecord {
+            outcome: self.label(),
+            reason: self.reason.label(),
+            cache_hit: match self.cache {
+                CacheUse::Hit => Some(true),
+                CacheUse::Miss => Some(false),
+                CacheUse::NotConsulted => None,
+            },
+            outputs_cleared: self.outputs_cleared,
+            messages_dropped: self.messages_dropped,
+            precompute_started: self.precompute_started,
+            tokens_changed: self.token_counts().filter(|_| changed),
+        }
+    }
+
     pub fn cache_label(&self) -> &'static str {
         match self.cache {
             CacheUse::NotConsulted => "-",

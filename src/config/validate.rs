@@ -121,7 +121,7 @@ impl Config {
                 problems.push(format!("{key}.max_input_tokens: must be > 0"));
             }
             if let Some(path) = &model.tokenizer_file {
-                if let Err(e) = crate::compaction::planner::tokens::Encoding::from_file(path) {
+                if let Err(e) = crate::encoding::Encoding::from_file(path) {
                     problems.push(format!("{key}.tokenizer_file: cannot load {path}: {e}"));
                 }
             }

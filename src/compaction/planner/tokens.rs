@@ -13,6 +13,7 @@ use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 use wildmatch::WildMatch;
 
 use crate::config::{ModelConfig, TokenizerChoice};
+pub use crate::encoding::Encoding;
 
 /// Tokens added per message for the role/separator framing.
 pub const PER_MESSAGE_OVERHEAD: u64 = 3;
@@ -69,91 +70,12 @@ impl Weights {
     }
 }
 
-/// A real tokenizer compactor carries: OpenAI's encodings (the `bpe-openai` crate, built once
-/// per process on first use), or a Hugging Face `tokenizer.json` a `models` entry names (loaded
-/// once per path and kept for the process, so reloads do not load it again).
-#[derive(Clone, Copy)]
-pub enum Encoding {
-    O200k,
-    Cl100k,
-    File(&'static tokenizers::Tokenizer),
-}
-
-impl PartialEq for Encoding {
-    fn eq(&self, other: &Encoding) -> bool {
-        match (self, other) {
-            (Encoding::O200k, Encoding::O200k) | (Encoding::Cl100k, Encoding::Cl100k) => true,
-            (Encoding::File(a), Encoding::File(b)) => std::ptr::eq(*a, *b),
-            _ => false,
-        }
-    }
-}
-
-impl std::fmt::Debug for Encoding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Encoding::O200k => "O200k",
-            Encoding::Cl100k => "Cl100k",
-            Encoding::File(_) => "File",
-        })
-    }
-}
-
-/// Every `tokenizer.json` loaded, by path: one copy per process whatever the reloads.
-static LOADED: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<String, &'static tokenizers::Tokenizer>>,
-> = std::sync::LazyLock::new(Default::default);
-
-impl Encoding {
-    pub fn count(self, text: &str) -> u64 {
-        let tokenizer = match self {
-            Encoding::O200k => bpe_openai::o200k_base(),
-            Encoding::Cl100k => bpe_openai::cl100k_base(),
-            Encoding::File(tokenizer) => {
-                // Special tokens are the template's, which the per-message overhead stands for.
-                return tokenizer
-                    .encode_fast(text, false)
-                    .map_or(0, |encoding| encoding.len() as u64);
-            }
-        };
-        tokenizer.count(text) as u64
-    }
-
-    /// The tokenizer in a Hugging Face `tokenizer.json`, loaded once per path.
-    pub fn from_file(path: &str) -> Result<Encoding, String> {
-        let mut loaded = LOADED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(tokenizer) = loaded.get(path) {
-            return Ok(Encoding::File(tokenizer));
-        }
-        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|e| e.to_string())?;
-        let tokenizer: &'static tokenizers::Tokenizer = Box::leak(Box::new(tokenizer));
-        loaded.insert(path.to_string(), tokenizer);
-        Ok(Encoding::File(tokenizer))
-    }
-
-    /// OpenAI's encoding for one of its model names.
-    pub fn for_model(model: &str) -> Option<Encoding> {
-        const O200K: [&str; 9] = [
-            "gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "gpt-oss", "chatgpt-", "codex-", "o1", "o3",
-        ];
-        if O200K.iter().any(|prefix| model.starts_with(prefix)) || model.starts_with("o4") {
-            return Some(Encoding::O200k);
-        }
-        ["gpt-4", "gpt-3.5"]
-            .iter()
-            .any(|prefix| model.starts_with(prefix))
-            .then_some(Encoding::Cl100k)
-    }
-
-    fn of_choice(choice: Option<TokenizerChoice>, model: &str) -> Option<Encoding> {
-        match choice {
-            Some(TokenizerChoice::O200k) => Some(Encoding::O200k),
-            Some(TokenizerChoice::Cl100k) => Some(Encoding::Cl100k),
-            Some(TokenizerChoice::Estimate) => None,
-            None => Encoding::for_model(model),
-        }
+fn encoding_of_choice(choice: Option<TokenizerChoice>, model: &str) -> Option<Encoding> {
+    match choice {
+        Some(TokenizerChoice::O200k) => Some(Encoding::O200k),
+        Some(TokenizerChoice::Cl100k) => Some(Encoding::Cl100k),
+        Some(TokenizerChoice::Estimate) => None,
+        None => Encoding::for_model(model),
     }
 }
 
@@ -271,7 +193,7 @@ impl ModelTable {
             return Some(file);
         }
         let choice = found.and_then(|i| self.entries[i].1.tokenizer);
-        Encoding::of_choice(choice, model)
+        encoding_of_choice(choice, model)
     }
 }
 
