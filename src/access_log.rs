@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use std::sync::Arc;
 
 use crate::body::{BoxError, ProxyBody};
-use crate::compaction::engine::CalibrationSample;
+use crate::compaction::engine::calibrating::CalibrationSample;
 use crate::metrics::{Finished, Metrics, Name, Route};
 use crate::usage::UsageTap;
 
