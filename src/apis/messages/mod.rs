@@ -27,8 +27,10 @@ use std::ops::Range;
 use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
-    deserialize_raw_object, object_span, offset_in, string_value, Conversation, Json, Message,
-    ParseError, RawObject, Role, ToolCall, ToolOutput,
+    string_value, Conversation, Json, Message, ParseError, Role, ToolCall, ToolOutput,
+};
+use crate::compaction::planner::raw_json::{
+    deserialize_raw_object, object_span, offset_in, RawObject,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;

@@ -218,7 +218,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
         // Values are written to one scratch buffer as they come, then emitted by sorted key.
         let mut values = Vec::new();
         let mut members: Vec<(Cow<'de, str>, std::ops::Range<usize>)> = Vec::new();
-        while let Some(crate::compaction::planner::conversation::MemberKey(key)) = map.next_key()? {
+        while let Some(crate::compaction::planner::raw_json::MemberKey(key)) = map.next_key()? {
             let start = values.len();
             map.next_value_seed(Canonical(&mut values))?;
             members.push((key, start..values.len()));

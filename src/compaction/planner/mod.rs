@@ -6,6 +6,7 @@ pub mod conversation;
 pub mod digest;
 pub mod json_escape;
 pub mod plan;
+pub mod raw_json;
 pub mod rewrite;
 pub mod size_bound;
 pub mod skills;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn fallback(kind: OutcomeKind, tokens_after: u64) -> Fallback {

@@ -5,6 +5,7 @@ pub mod breaker;
 pub mod budget;
 pub mod cache;
 pub mod identifiers;
+pub mod message_text;
 pub mod redis_tier;
 pub mod single_flight;
 pub mod store;

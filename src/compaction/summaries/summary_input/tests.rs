@@ -1,5 +1,6 @@
 use super::*;
 use crate::apis::chat;
+use crate::compaction::summaries::message_text::{json_text, strip_base64, without_payloads};
 
 #[test]
 fn base64_without_a_data_header_becomes_a_placeholder_and_ids_stay() {
