@@ -51,6 +51,26 @@ impl Config {
             }
         }
         positive_secs("reload.interval_secs", self.reload.interval_secs, problems);
+        self.validate_upstreams(problems);
+        for (i, secret) in self.sealing.keys.iter().enumerate() {
+            if secret.expose().len() < 16 {
+                problems.push(format!(
+                    "sealing.keys[{i}]: must be 16 bytes or more (use ${{VAR}})"
+                ));
+            }
+        }
+        self.validate_models(problems);
+        positive_secs("shutdown_grace_secs", self.shutdown_grace_secs, problems);
+        self.validate_limits(problems);
+        self.validate_auth(problems);
+        self.validate_summarization(problems);
+        if self.cache.max_bytes == 0 {
+            problems.push("cache.max_bytes: must be > 0".into());
+        }
+        self.validate_redis(problems);
+    }
+
+    fn validate_upstreams(&self, problems: &mut Vec<String>) {
         let mut names = std::collections::HashSet::new();
         for (i, upstream) in self.upstreams.iter().enumerate() {
             let key = format!("upstreams[{i}]");
@@ -105,13 +125,9 @@ impl Config {
                 }
             }
         }
-        for (i, secret) in self.sealing.keys.iter().enumerate() {
-            if secret.expose().len() < 16 {
-                problems.push(format!(
-                    "sealing.keys[{i}]: must be 16 bytes or more (use ${{VAR}})"
-                ));
-            }
-        }
+    }
+
+    fn validate_models(&self, problems: &mut Vec<String>) {
         for (i, model) in self.models.iter().enumerate() {
             let key = format!("models[{i}]");
             if model.pattern.is_empty() {
@@ -131,10 +147,6 @@ impl Config {
                 }
             }
         }
-        positive_secs("shutdown_grace_secs", self.shutdown_grace_secs, problems);
-        self.validate_limits(problems);
-        self.validate_auth(problems);
-        self.validate_summarization(problems);
     }
 
     fn validate_limits(&self, problems: &mut Vec<String>) {
@@ -300,6 +312,12 @@ impl Config {
                 ));
             }
         }
+        self.validate_summarizer_bounds(problems);
+    }
+
+    /// The summarizer's time, concurrency, call and breaker bounds, and where it is sent.
+    fn validate_summarizer_bounds(&self, problems: &mut Vec<String>) {
+        let s = &self.summarization;
         positive_secs("summarization.timeout_secs", s.timeout_secs, problems);
         positive_secs(
             "summarization.breaker_cooldown_secs",
@@ -330,10 +348,6 @@ impl Config {
                 ));
             }
         }
-        if self.cache.max_bytes == 0 {
-            problems.push("cache.max_bytes: must be > 0".into());
-        }
-        self.validate_redis(problems);
     }
 }
 

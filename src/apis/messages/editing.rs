@@ -152,31 +152,42 @@ fn clear_tool_uses(
             continue;
         };
         for block in blocks {
-            match block.get("type").and_then(Value::as_str) {
-                Some("tool_result") => {
-                    let id = block.get("tool_use_id").and_then(Value::as_str);
-                    if let Some(name) = id.and_then(|id| names.get(id)) {
-                        let chars = block.get("content").map_or(0, |c| c.to_string().len());
-                        let replacement = placeholder(name, chars as u64 / 4);
-                        // A result shorter than its placeholder is left as it is.
-                        if replacement.len() < chars {
-                            block["content"] = json!(replacement);
-                        }
-                    }
-                }
-                Some("tool_use") => {
-                    let id = block.get("id").and_then(Value::as_str);
-                    if let Some(name) = id.and_then(|id| names.get(id)) {
-                        if inputs_of(name) {
-                            block["input"] = json!({});
-                        }
-                    }
-                }
-                _ => {}
-            }
+            clear_block(block, &names, &inputs_of);
         }
     }
     Some(("cleared_tool_uses", cleared.len() as u64, undo))
+}
+
+/// One block of a cleared call: a result replaced by its placeholder (unless shorter), a
+/// call's input emptied when the edit clears that tool's inputs.
+fn clear_block(
+    block: &mut Value,
+    names: &std::collections::HashMap<&str, &str>,
+    inputs_of: &dyn Fn(&str) -> bool,
+) {
+    match block.get("type").and_then(Value::as_str) {
+        Some("tool_result") => {
+            let id = block.get("tool_use_id").and_then(Value::as_str);
+            if let Some(name) = id.and_then(|id| names.get(id)) {
+                let chars = block.get("content").map_or(0, |c| c.to_string().len());
+                let replacement = placeholder(name, chars as u64 / 4);
+                // A result shorter than its placeholder is left as it is.
+                if replacement.len() < chars {
+                    block["content"] = json!(replacement);
+                }
+            }
+        }
+        Some("tool_use") => {
+            let id = block.get("id").and_then(Value::as_str);
+            if id
+                .and_then(|id| names.get(id))
+                .is_some_and(|name| inputs_of(name))
+            {
+                block["input"] = json!({});
+            }
+        }
+        _ => {}
+    }
 }
 
 /// `clear_thinking_20251015`: thinking blocks taken out of every assistant turn but the latest

@@ -45,6 +45,14 @@ pub struct Addition {
 }
 
 impl Addition {
+    /// The context edits compactor applied, and no compaction block.
+    fn applied(applied: Vec<Value>) -> Addition {
+        Addition {
+            applied,
+            ..Addition::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.block.is_none() && self.applied.is_empty()
     }
@@ -83,58 +91,25 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
     if memchr::memmem::find(current, b"context_management").is_none() {
         return Ok(Served::Forward(expanded));
     }
-    // Parsing, editing and counting a large body is CPU work: off the reactor.
-    let engine = ask.engine.clone();
     let owned = expanded.clone().unwrap_or_else(|| body.clone());
-    let upstream = ask.upstream.to_string();
-    let edited = match ask
-        .engine
-        .offload(current.len(), move || {
-            edit_request(&engine, &upstream, &owned)
-        })
-        .await
-    {
-        Offloaded::Done(edited) => edited?,
-        Offloaded::Busy => return Err(ProxyError::Overloaded("planner threads")),
-        Offloaded::Lost => return Err(ProxyError::Internal("context editing failed".into())),
-    };
     let Some(Edited {
         fields,
         compaction,
         applied,
-    }) = edited
+    }) = edited_off_reactor(ask, owned).await?
     else {
         return Ok(Served::Forward(expanded));
     };
     let Some(edit) = compaction else {
         let body = Bytes::from(Value::Object(fields).to_string());
-        let addition = Addition {
-            applied,
-            ..Addition::default()
-        };
+        let addition = Addition::applied(applied);
         return Ok(Served::Edited { body, addition });
     };
-    let trigger = edit
-        .pointer("/trigger/value")
-        .and_then(Value::as_u64)
-        .filter(|_| edit.pointer("/trigger/type").and_then(Value::as_str) == Some("input_tokens"))
-        .unwrap_or(DEFAULT_TRIGGER_TOKENS);
-    let pause = edit.get("pause_after_compaction").and_then(Value::as_bool) == Some(true);
-    // Anthropic's `instructions` replace its default summarization prompt, for a caller whose
-    // instructions are honoured.
-    let instructions = edit
-        .get("instructions")
-        .and_then(Value::as_str)
-        .filter(|instructions| !instructions.trim().is_empty());
-    let limit = ask.engine.max_client_instructions_bytes();
-    if instructions.is_some_and(|text| text.len() > limit) {
-        return Err(ProxyError::BadRequest(format!(
-            "context_management.edits: instructions are limited to {limit} bytes"
-        )));
-    }
-    let summary_prompt = instructions
-        .filter(|_| ask.caller.may_instruct)
-        .map(summary_input::client_template);
+    let CompactEdit {
+        trigger,
+        pause,
+        summary_prompt,
+    } = CompactEdit::read(&edit, ask)?;
     let streamed = fields.get("stream").and_then(Value::as_bool) == Some(true);
     let model = fields
         .get("model")
@@ -148,10 +123,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
         .is_none_or(|tokens| tokens < trigger);
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
-        addition: Addition {
-            applied,
-            ..Addition::default()
-        },
+        addition: Addition::applied(applied),
     };
     if under {
         return Ok(edited(applied));
@@ -182,12 +154,68 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
         });
     }
     let id = format!("msg_{}", hex_digest(&[body, &now().to_le_bytes()]));
-    let answer = paused_answer(&id, &model, &addition, &outcome, streamed);
+    let body = paused_answer(&id, &model, &addition, &outcome, streamed);
     Ok(Served::Answer {
-        body: answer,
+        body,
         streamed,
         outcome,
     })
+}
+
+/// What the client's `compact_20260112` edit asks.
+struct CompactEdit {
+    trigger: u64,
+    pause: bool,
+    /// The client's `instructions` as a summary prompt, when its instructions are honoured.
+    summary_prompt: Option<String>,
+}
+
+impl CompactEdit {
+    fn read(edit: &Value, ask: &Ask<'_>) -> Result<CompactEdit, ProxyError> {
+        let trigger = edit
+            .pointer("/trigger/value")
+            .and_then(Value::as_u64)
+            .filter(|_| {
+                edit.pointer("/trigger/type").and_then(Value::as_str) == Some("input_tokens")
+            })
+            .unwrap_or(DEFAULT_TRIGGER_TOKENS);
+        let pause = edit.get("pause_after_compaction").and_then(Value::as_bool) == Some(true);
+        // Anthropic's `instructions` replace its default summarization prompt, for a caller
+        // whose instructions are honoured.
+        let instructions = edit
+            .get("instructions")
+            .and_then(Value::as_str)
+            .filter(|instructions| !instructions.trim().is_empty());
+        let limit = ask.engine.max_client_instructions_bytes();
+        if instructions.is_some_and(|text| text.len() > limit) {
+            return Err(ProxyError::BadRequest(format!(
+                "context_management.edits: instructions are limited to {limit} bytes"
+            )));
+        }
+        Ok(CompactEdit {
+            trigger,
+            pause,
+            summary_prompt: instructions
+                .filter(|_| ask.caller.may_instruct)
+                .map(summary_input::client_template),
+        })
+    }
+}
+
+/// The request's served edits taken out and its context edits applied: parsing, editing and
+/// counting a large body is CPU work, so it runs off the reactor.
+async fn edited_off_reactor(ask: &Ask<'_>, body: Bytes) -> Result<Option<Edited>, ProxyError> {
+    let engine = ask.engine.clone();
+    let upstream = ask.upstream.to_string();
+    match ask
+        .engine
+        .offload(body.len(), move || edit_request(&engine, &upstream, &body))
+        .await
+    {
+        Offloaded::Done(edited) => edited,
+        Offloaded::Busy => Err(ProxyError::Overloaded("planner threads")),
+        Offloaded::Lost => Err(ProxyError::Internal("context editing failed".into())),
+    }
 }
 
 /// A request with its served edits taken out and the context edits applied.

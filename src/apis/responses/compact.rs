@@ -237,6 +237,17 @@ pub async fn compact_on_trigger(
         let done = response("completed", json!([item]), usage);
         return Ok((Bytes::from(done.to_string()), false, compaction.outcome));
     }
+    let text = item_stream(&response, &item, usage);
+    Ok((Bytes::from(text), true, compaction.outcome))
+}
+
+/// A streamed response whose output is one item: created, in progress, the item added and
+/// done, completed; `response` builds the response object at a status with an output and usage.
+fn item_stream(
+    response: &dyn Fn(&str, Value, Value) -> Value,
+    item: &Value,
+    usage: Value,
+) -> Vec<u8> {
     let events = [
         (
             "response.created",
@@ -266,8 +277,7 @@ pub async fn compact_on_trigger(
             data["sequence_number"] = json!(sequence);
             (kind, data)
         });
-    let text = splice::typed_events(sequenced);
-    Ok((Bytes::from(text), true, compaction.outcome))
+    splice::typed_events(sequenced)
 }
 
 /// The usage of a compaction served here: compactor's count of the conversation before and
