@@ -37,6 +37,24 @@ const OVERHEAD_BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
+/// `metric`, registered under `name` with its help text.
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// Each of these results of `family` counted from zero, so it is exported before it happens.
+fn at_zero(family: &Family<ResultLabels, Counter>, results: &[&'static str]) {
+    for &result in results {
+        let _ = family.get_or_create(&ResultLabels { result });
+    }
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn histograms<L: Clone + std::hash::Hash + Eq>(make: fn() -> Histogram) -> Histograms<L> {
@@ -95,18 +113,13 @@ pub(super) struct Traffic {
 
 impl Traffic {
     pub(super) fn register(registry: &mut Registry) -> Traffic {
-        let requests = Family::default();
-        registry.register(
+        let requests = registered(
+            registry,
             "compactor_requests",
             "Requests served, by route, status and upstream",
-            requests.clone(),
+            Family::default(),
         );
-        let overhead = Histogram::new(OVERHEAD_BUCKETS);
-        registry.register(
-            "compactor_proxy_overhead_seconds",
-            "Time spent in compactor itself per request (reading, planning, forwarding), upstreams and the summarizer excluded",
-            overhead.clone(),
-        );
+        let overhead = registered(registry, "compactor_proxy_overhead_seconds", "Time spent in compactor itself per request (reading, planning, forwarding), upstreams and the summarizer excluded", Histogram::new(OVERHEAD_BUCKETS));
         let token_usage: Histograms<TokenLabels> = histograms(|| Histogram::new(TOKEN_BUCKETS));
         registry.register(
             "gen_ai_client_token_usage",
@@ -127,27 +140,25 @@ impl Traffic {
             "Time from a model call's arrival to the first byte of its response body",
             first_token.clone(),
         );
-        let bodies_in_flight = Gauge::default();
-        registry.register(
+        let bodies_in_flight = registered(
+            registry,
             "compactor_bodies_in_flight",
             "Request bodies held in memory (for routing or compaction) now",
-            bodies_in_flight.clone(),
+            Gauge::default(),
         );
-        let buffered_bytes = Gauge::default();
-        registry.register(
+        let buffered_bytes = registered(
+            registry,
             "compactor_buffered_bytes",
             "Bytes of request bodies held in memory now",
-            buffered_bytes.clone(),
+            Gauge::default(),
         );
-        let reloads = Family::default();
-        registry.register(
+        let reloads = registered(
+            registry,
             "compactor_config_reloads",
             "Configuration reloads (result: ok or refused)",
-            reloads.clone(),
+            Family::default(),
         );
-        for result in ["ok", "refused"] {
-            let _ = reloads.get_or_create(&ResultLabels { result });
-        }
+        at_zero(&reloads, &["ok", "refused"]);
         Traffic {
             requests,
             overhead,
@@ -169,111 +180,77 @@ pub(super) struct CompactionMetrics {
     pub(super) tokens_saved: Counter,
     pub(super) outputs_cleared: Counter,
     pub(super) messages_dropped: Counter,
-    pub(super) summarizer_calls: Family<ResultLabels, Counter>,
-    pub(super) summarizer_duration: Histogram,
-    pub(super) summarizer_failures: Family<ReasonLabels, Counter>,
     pub(super) reactive_retries: Family<ResultLabels, Counter>,
     pub(super) precomputes: Counter,
-    pub(super) single_flight_joins: Counter,
     pub(super) calibration_samples: Family<ResultLabels, Counter>,
     pub(super) estimate_ratio: Histogram,
+    pub(super) summarizer: SummarizerMetrics,
 }
 
 impl CompactionMetrics {
     pub(super) fn register(registry: &mut Registry) -> CompactionMetrics {
-        let compactions = Family::default();
-        registry.register(
+        let compactions = registered(
+            registry,
             "compactor_compactions",
             "Requests through compaction, by outcome and reason",
-            compactions.clone(),
+            Family::default(),
         );
-        let tokens_before = Histogram::new(TOKEN_BUCKETS);
-        registry.register(
+        let tokens_before = registered(
+            registry,
             "compactor_compaction_tokens_before",
             "Estimated tokens of compacted requests before compaction",
-            tokens_before.clone(),
+            Histogram::new(TOKEN_BUCKETS),
         );
-        let tokens_after = Histogram::new(TOKEN_BUCKETS);
-        registry.register(
+        let tokens_after = registered(
+            registry,
             "compactor_compaction_tokens_after",
             "Estimated tokens of compacted requests as forwarded",
-            tokens_after.clone(),
+            Histogram::new(TOKEN_BUCKETS),
         );
-        let tokens_saved = Counter::default();
-        registry.register(
+        let tokens_saved = registered(
+            registry,
             "compactor_tokens_saved",
             "Estimated input tokens compaction kept from being sent upstream",
-            tokens_saved.clone(),
+            Counter::default(),
         );
-        let outputs_cleared = Counter::default();
-        registry.register(
+        let outputs_cleared = registered(
+            registry,
             "compactor_tool_outputs_cleared",
             "Tool outputs replaced by placeholders (clear_tool_outputs stage)",
-            outputs_cleared.clone(),
+            Counter::default(),
         );
-        let messages_dropped = Counter::default();
-        registry.register(
+        let messages_dropped = registered(
+            registry,
             "compactor_messages_dropped",
             "Messages dropped to fit the model's window (truncate stage)",
-            messages_dropped.clone(),
+            Counter::default(),
         );
-        let summarizer_calls = Family::default();
-        registry.register(
-            "compactor_summarizer_calls",
-            "Summarizer calls made, by result",
-            summarizer_calls.clone(),
-        );
-        let summarizer_duration = Histogram::new(DURATION_BUCKETS);
-        registry.register(
-            "compactor_summarizer_duration_seconds",
-            "Duration of one summarizer call",
-            summarizer_duration.clone(),
-        );
-        let summarizer_failures = Family::default();
-        registry.register(
-            "compactor_summarizer_failures",
-            "Summaries that could not be had, by reason",
-            summarizer_failures.clone(),
-        );
-        let single_flight_joins = Counter::default();
-        registry.register(
-            "compactor_single_flight_joins",
-            "Requests that waited on a summary another request was already making",
-            single_flight_joins.clone(),
-        );
-        let reactive_retries = Family::default();
-        registry.register(
-            "compactor_reactive_retries",
-            "Requests retried compacted after an upstream context-length error (result: ok, failed, unchanged)",
-            reactive_retries.clone(),
-        );
-        let precomputes = Counter::default();
-        registry.register(
+        let precomputes = registered(
+            registry,
             "compactor_precomputes_started",
             "Summaries started ahead of need (precompute_at)",
-            precomputes.clone(),
+            Counter::default(),
         );
-        let calibration_samples = Family::default();
-        registry.register(
+        let reactive_retries = registered(
+            registry,
+            "compactor_reactive_retries",
+            "Requests retried compacted after an upstream context-length error (result: ok, failed, unchanged)",
+            Family::default(),
+        );
+        let calibration_samples = registered(
+            registry,
             "compactor_token_calibration_samples",
             "Upstream input counts compared with compactor's count of the same body (result: used, outlier)",
-            calibration_samples.clone(),
+            Family::default(),
         );
-        let estimate_ratio = Histogram::new(RATIO_BUCKETS);
-        registry.register(
+        let estimate_ratio = registered(
+            registry,
             "compactor_token_estimate_ratio",
             "compactor's token count of a forwarded body over the upstream's, before learning from it (1 is exact)",
-            estimate_ratio.clone(),
+            Histogram::new(RATIO_BUCKETS),
         );
-        for result in ["used", "outlier"] {
-            let _ = calibration_samples.get_or_create(&ResultLabels { result });
-        }
-        for result in ["ok", "error"] {
-            let _ = summarizer_calls.get_or_create(&ResultLabels { result });
-        }
-        for result in ["ok", "failed", "unchanged"] {
-            let _ = reactive_retries.get_or_create(&ResultLabels { result });
-        }
+        at_zero(&calibration_samples, &["used", "outlier"]);
+        at_zero(&reactive_retries, &["ok", "failed", "unchanged"]);
         CompactionMetrics {
             compactions,
             tokens_before,
@@ -281,14 +258,55 @@ impl CompactionMetrics {
             tokens_saved,
             outputs_cleared,
             messages_dropped,
-            summarizer_calls,
-            summarizer_duration,
-            summarizer_failures,
-            reactive_retries,
             precomputes,
-            single_flight_joins,
+            reactive_retries,
             calibration_samples,
             estimate_ratio,
+            summarizer: SummarizerMetrics::register(registry),
+        }
+    }
+}
+
+/// The summarizer's calls: made, how long, failed, joined by another request.
+pub(super) struct SummarizerMetrics {
+    pub(super) calls: Family<ResultLabels, Counter>,
+    pub(super) duration: Histogram,
+    pub(super) failures: Family<ReasonLabels, Counter>,
+    pub(super) single_flight_joins: Counter,
+}
+
+impl SummarizerMetrics {
+    fn register(registry: &mut Registry) -> SummarizerMetrics {
+        let summarizer_calls = registered(
+            registry,
+            "compactor_summarizer_calls",
+            "Summarizer calls made, by result",
+            Family::default(),
+        );
+        let summarizer_duration = registered(
+            registry,
+            "compactor_summarizer_duration_seconds",
+            "Duration of one summarizer call",
+            Histogram::new(DURATION_BUCKETS),
+        );
+        let summarizer_failures = registered(
+            registry,
+            "compactor_summarizer_failures",
+            "Summaries that could not be had, by reason",
+            Family::default(),
+        );
+        let single_flight_joins = registered(
+            registry,
+            "compactor_single_flight_joins",
+            "Requests that waited on a summary another request was already making",
+            Counter::default(),
+        );
+        at_zero(&summarizer_calls, &["ok", "error"]);
+        SummarizerMetrics {
+            calls: summarizer_calls,
+            duration: summarizer_duration,
+            failures: summarizer_failures,
+            single_flight_joins,
         }
     }
 }
@@ -307,67 +325,54 @@ pub(super) struct Caching {
 
 impl Caching {
     pub(super) fn register(registry: &mut Registry) -> Caching {
-        let cache_lookups = Family::default();
-        registry.register(
+        let cache_lookups = registered(
+            registry,
             "compactor_summary_cache_lookups",
             "Summary cache lookups of requests over a trigger (result: hit or miss)",
-            cache_lookups.clone(),
+            Family::default(),
         );
-        let cache_entries = Gauge::default();
-        registry.register(
+        let cache_entries = registered(
+            registry,
             "compactor_summary_cache_entries",
             "Summaries in the cache",
-            cache_entries.clone(),
+            Gauge::default(),
         );
-        let cache_bytes = Gauge::default();
-        registry.register(
+        let cache_bytes = registered(
+            registry,
             "compactor_summary_cache_bytes",
             "Weight of the summary cache, in bytes of summaries",
-            cache_bytes.clone(),
+            Gauge::default(),
         );
-        let redis_up = Gauge::default();
-        registry.register(
+        let redis_up = registered(
+            registry,
             "compactor_redis_up",
             "Whether the shared summary cache (Redis) is being used: 0 while its breaker is open",
-            redis_up.clone(),
+            Gauge::default(),
         );
-        let redis_commands = Family::default();
-        registry.register(
+        let redis_commands = registered(
+            registry,
             "compactor_redis_commands",
             "Commands sent to Redis (result: ok or error, a timeout included)",
-            redis_commands.clone(),
+            Family::default(),
         );
-        let remote_lookups = Family::default();
-        registry.register(
+        let remote_lookups = registered(
+            registry,
             "compactor_summary_cache_remote_lookups",
             "Lookups in Redis of summaries the local cache did not have (result: hit or miss)",
-            remote_lookups.clone(),
+            Family::default(),
         );
-        let leases = Family::default();
-        registry.register(
-            "compactor_redis_leases",
-            "Summaries asked for through Redis (result: made here, made by another replica, taken over from a replica that died, waited past the timeout)",
-            leases.clone(),
-        );
-        let lease_waiting = Gauge::default();
-        registry.register(
+        let leases = registered(registry, "compactor_redis_leases", "Summaries asked for through Redis (result: made here, made by another replica, taken over from a replica that died, waited past the timeout)", Family::default());
+        let lease_waiting = registered(
+            registry,
             "compactor_redis_lease_waiting",
             "Requests waiting now for a summary another replica is making",
-            lease_waiting.clone(),
+            Gauge::default(),
         );
         // Label sets known in advance start at zero, so `rate()` sees them before they move.
-        for result in ["hit", "miss"] {
-            let _ = cache_lookups.get_or_create(&ResultLabels { result });
-        }
-        for result in ["ok", "error"] {
-            let _ = redis_commands.get_or_create(&ResultLabels { result });
-        }
-        for result in ["hit", "miss"] {
-            let _ = remote_lookups.get_or_create(&ResultLabels { result });
-        }
-        for result in ["made", "joined", "taken_over", "timeout"] {
-            let _ = leases.get_or_create(&ResultLabels { result });
-        }
+        at_zero(&cache_lookups, &["hit", "miss"]);
+        at_zero(&redis_commands, &["ok", "error"]);
+        at_zero(&remote_lookups, &["hit", "miss"]);
+        at_zero(&leases, &["made", "joined", "taken_over", "timeout"]);
         Caching {
             cache_lookups,
             cache_entries,

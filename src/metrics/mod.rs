@@ -241,11 +241,13 @@ impl Metrics {
         }
         let result = if ok { "ok" } else { "error" };
         self.compaction
-            .summarizer_calls
+            .summarizer
+            .calls
             .get_or_create(&ResultLabels { result })
             .inc();
         self.compaction
-            .summarizer_duration
+            .summarizer
+            .duration
             .observe(took.as_secs_f64());
     }
 
@@ -254,7 +256,8 @@ impl Metrics {
         for reason in reasons {
             let _ = self
                 .compaction
-                .summarizer_failures
+                .summarizer
+                .failures
                 .get_or_create(&ReasonLabels { reason });
         }
     }
@@ -263,7 +266,8 @@ impl Metrics {
     pub fn summary_failed(&self, reason: &'static str) {
         if self.enabled() {
             self.compaction
-                .summarizer_failures
+                .summarizer
+                .failures
                 .get_or_create(&ReasonLabels { reason })
                 .inc();
         }
@@ -271,7 +275,7 @@ impl Metrics {
 
     pub fn single_flight_joined(&self) {
         if self.enabled() {
-            self.compaction.single_flight_joins.inc();
+            self.compaction.summarizer.single_flight_joins.inc();
         }
     }
 
