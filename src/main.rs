@@ -208,22 +208,7 @@ fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>
                 return ExitCode::from(2);
             }
         };
-        let (slots, mut stopping) = (slots.clone(), stopping.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("compactor-worker-{index}"))
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener)?;
-                    let shutdown = async move {
-                        let _ = stopping.wait_for(|stop| *stop).await;
-                    };
-                    Ok(server::serve_on(listener, worker_app, shutdown, slots).await)
-                })
-            });
-        match thread {
+        match spawn_worker(index, listener, worker_app, slots.clone(), stopping.clone()) {
             Ok(thread) => threads.push(thread),
             Err(e) => {
                 eprintln!("compactor: cannot start worker thread {index}: {e}");
@@ -251,6 +236,32 @@ fn run_per_core(config: Config, path: &std::path::Path, loaded: Option<[u8; 32]>
         }
     }
     code
+}
+
+type Worker = std::thread::JoinHandle<std::io::Result<bool>>;
+
+/// One worker: a thread with a current-thread runtime serving its own listener until stopped.
+fn spawn_worker(
+    index: usize,
+    listener: std::net::TcpListener,
+    app: Arc<App>,
+    slots: server::ConnectionSlots,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<Worker> {
+    std::thread::Builder::new()
+        .name(format!("compactor-worker-{index}"))
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let shutdown = async move {
+                    let _ = stopping.wait_for(|stop| *stop).await;
+                };
+                Ok(server::serve_on(listener, app, shutdown, slots).await)
+            })
+        })
 }
 
 /// Said once for the whole process, whatever the number of workers draining.

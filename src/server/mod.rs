@@ -193,8 +193,6 @@ async fn serve_connection(
         service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             let (app, linger) = (app.clone(), linger.clone());
             let guard = activity.begin();
-            let sends_body = !request.body().is_end_stream();
-            let http1 = request.version() < hyper::Version::HTTP_2;
             request.extensions_mut().insert(ClientAddress(address));
             if request.headers().contains_key(hyper::header::UPGRADE) {
                 // A relay goes on holding this connection's place after the handler returns.
@@ -203,21 +201,7 @@ async fn serve_connection(
                     .insert(ConnectionPlace(place.clone()));
             }
             async move {
-                let mut response = crate::proxy::handle(app, request).await?;
-                if sends_body && response.status().as_u16() >= 400 {
-                    // Answered, perhaps before the body was read: closing now would reset the
-                    // connection under a client still writing, and lose the answer.
-                    linger.store(true, Ordering::Release);
-                    if http1 && response.headers().contains_key(PROXY_ERROR) {
-                        // compactor's own refusals come before the body is read: the connection
-                        // then closes, and saying so keeps the client from sending its next
-                        // request on it (a "remote disconnected" error for a request never
-                        // read).
-                        response
-                            .headers_mut()
-                            .insert(hyper::header::CONNECTION, CLOSE);
-                    }
-                }
+                let response = handle_marking_linger(app, request, &linger).await?;
                 Ok::<_, std::convert::Infallible>(response.map(|body| Tracked {
                     body,
                     _guard: guard,
@@ -262,6 +246,32 @@ async fn serve_connection(
             }
         }
     }
+}
+
+/// One request handled; answered with an error while its body may still be coming, the
+/// connection is marked to linger on close.
+async fn handle_marking_linger(
+    app: Arc<App>,
+    request: hyper::Request<hyper::body::Incoming>,
+    linger: &AtomicBool,
+) -> Result<hyper::Response<crate::access_log::LoggedBody>, std::convert::Infallible> {
+    let sends_body = !request.body().is_end_stream();
+    let http1 = request.version() < hyper::Version::HTTP_2;
+    let mut response = crate::proxy::handle(app, request).await?;
+    if sends_body && response.status().as_u16() >= 400 {
+        // Answered, perhaps before the body was read: closing now would reset the connection
+        // under a client still writing, and lose the answer.
+        linger.store(true, Ordering::Release);
+        if http1 && response.headers().contains_key(PROXY_ERROR) {
+            // compactor's own refusals come before the body is read: the connection then
+            // closes, and saying so keeps the client from sending its next request on it (a
+            // "remote disconnected" error for a request never read).
+            response
+                .headers_mut()
+                .insert(hyper::header::CONNECTION, CLOSE);
+        }
+    }
+    Ok(response)
 }
 
 /// Past the cap: a plain 503 the client can read, then the connection is closed.

@@ -345,27 +345,11 @@ impl CompactionEngine {
             summary_prompt,
         } = asked;
         let planner = &self.inner.planner;
-        let control = match Control::of(headers) {
-            Control::Force if !caller.may_force => Control::Auto,
-            control => control,
-        };
-        if control == Control::Off {
-            return Ok(Compacted::original(
-                body,
-                Outcome::uncounted(Reason::DisabledByHeader),
-            ));
-        }
-        // Summaries made ahead start below the trigger, so the bound is then proved against
-        // that share of it.
         let front_end = api;
-        if reactive.is_none() && control != Control::Force && front_end.size_bound_applies() {
-            let settings = planner.settings_for(caller.key).0;
-            let share = planner.config.precompute_at.unwrap_or(1.0);
-            if provably_under(&body, settings, &planner.windows.bounds(), share) {
-                let outcome = Outcome::uncounted(Reason::UnderTriggerBySize);
-                return Ok(Compacted::original(body, outcome));
-            }
-        }
+        let control = match self.control(headers, &body, caller, api, reactive.is_some()) {
+            Ok(control) => control,
+            Err(reason) => return Ok(Compacted::original(body, Outcome::uncounted(reason))),
+        };
         let notice_mode = match control::notice_mode(headers, planner.config.notice) {
             NoticeMode::Chunk if !front_end.notice_chunk_fits() => NoticeMode::Comment,
             mode => mode,
@@ -426,6 +410,35 @@ impl CompactionEngine {
             ),
         };
         self.fits(result, window)
+    }
+
+    /// The control a request is planned under; or why it goes as it is before it is parsed:
+    /// `x-compactor: off`, or a body under every trigger by its size alone (against the share
+    /// summaries are made ahead at, when they are).
+    fn control(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        caller: Caller<'_>,
+        api: &'static dyn FrontEnd,
+        reactive: bool,
+    ) -> Result<Control, Reason> {
+        let planner = &self.inner.planner;
+        let control = match Control::of(headers) {
+            Control::Force if !caller.may_force => Control::Auto,
+            control => control,
+        };
+        if control == Control::Off {
+            return Err(Reason::DisabledByHeader);
+        }
+        if !reactive && control != Control::Force && api.size_bound_applies() {
+            let settings = planner.settings_for(caller.key).0;
+            let share = planner.config.precompute_at.unwrap_or(1.0);
+            if provably_under(body, settings, &planner.windows.bounds(), share) {
+                return Err(Reason::UnderTriggerBySize);
+            }
+        }
+        Ok(control)
     }
 
     /// The preparation: inline for a small body; for a large one, on a pool thread, as one

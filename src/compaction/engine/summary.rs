@@ -47,7 +47,7 @@ impl CompactionEngine {
     /// `truncate` stage's body when there is one.
     pub(super) async fn summarize(
         &self,
-        mut job: Job,
+        job: Job,
         headers: &HeaderMap,
         body: Bytes,
         notice_mode: NoticeMode,
@@ -79,33 +79,7 @@ impl CompactionEngine {
         let summary = match summary {
             Ok(summary) => summary,
             Err(failure) => {
-                self.inner.metrics.summary_failed(failure.label());
-                let fallbacks = std::mem::take(&mut job.fallbacks);
-                if let Some(fallback) = Fallback::choose(fallbacks, job.window) {
-                    tracing::warn!(
-                        reason = failure.label(),
-                        instead = fallback.kind.label(),
-                        "no summary: {failure}"
-                    );
-                    let outcome = fallback.outcome(Outcome {
-                        summarizer_ms,
-                        cache: cache_use,
-                        outputs_cleared: job.outputs_cleared,
-                        reason: job.reason.unwrap_or(failure.reason()),
-                        ..Outcome::skipped(job.tokens_before, Reason::None)
-                    });
-                    return Ok(Compacted {
-                        body: Bytes::from(fallback.body),
-                        rewritten: true,
-                        outcome,
-                        notice: None,
-                    });
-                }
-                let mut result = self.failed(body, job.tokens_before, failure, cache_use);
-                if let Ok(compacted) = &mut result {
-                    compacted.outcome.summarizer_ms = summarizer_ms;
-                }
-                return result;
+                return self.without_summary(job, body, failure, cache_use, summarizer_ms);
             }
         };
         let config = &self.inner.planner.config;
@@ -140,6 +114,45 @@ impl CompactionEngine {
             }),
             outcome,
         })
+    }
+
+    /// The summary could not be had: the best fallback that fits, else the request as it is
+    /// (or refused, with `fail_mode: closed`).
+    fn without_summary(
+        &self,
+        mut job: Job,
+        body: Bytes,
+        failure: CompactionFailure,
+        cache_use: CacheUse,
+        summarizer_ms: Option<u64>,
+    ) -> Result<Compacted, CompactionRefused> {
+        self.inner.metrics.summary_failed(failure.label());
+        let fallbacks = std::mem::take(&mut job.fallbacks);
+        if let Some(fallback) = Fallback::choose(fallbacks, job.window) {
+            tracing::warn!(
+                reason = failure.label(),
+                instead = fallback.kind.label(),
+                "no summary: {failure}"
+            );
+            let outcome = fallback.outcome(Outcome {
+                summarizer_ms,
+                cache: cache_use,
+                outputs_cleared: job.outputs_cleared,
+                reason: job.reason.unwrap_or(failure.reason()),
+                ..Outcome::skipped(job.tokens_before, Reason::None)
+            });
+            return Ok(Compacted {
+                body: Bytes::from(fallback.body),
+                rewritten: true,
+                outcome,
+                notice: None,
+            });
+        }
+        let mut result = self.failed(body, job.tokens_before, failure, cache_use);
+        if let Ok(compacted) = &mut result {
+            compacted.outcome.summarizer_ms = summarizer_ms;
+        }
+        result
     }
 
     /// What making `job`'s summary cost, in the summarizer model's estimated count: each call

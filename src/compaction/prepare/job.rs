@@ -4,6 +4,77 @@
 use super::*;
 
 impl Planner {
+    /// A summary to make, with what to fall back on if it cannot be had; when no summary can
+    /// bring the request under the model's window, the last resort (or the request as it is).
+    pub(super) fn summarize(
+        &self,
+        context: &Context<'_, '_>,
+        plan: &Plan,
+        lookup: &mut ScopedLookup<'_>,
+        base: Outcome,
+        next: Next,
+    ) -> Prepared {
+        let Decision::Summarize {
+            layout,
+            to_summarize,
+            previous,
+            replaced_tokens,
+            chain,
+        } = &plan.decision
+        else {
+            return Prepared::Forward {
+                outcome: base,
+                next,
+            };
+        };
+        // A summary that cannot bring the request under the model's window is not
+        // paid for: the last resort, or the request as it is.
+        if plan.window.is_some_and(|w| layout.projected_tokens >= w) {
+            let reason = context.reason.unwrap_or(Reason::WontFit);
+            return match self.truncated(context, plan) {
+                Some(truncated) => truncated_body(truncated, Outcome { reason, ..base }, next),
+                None => Prepared::Forward {
+                    outcome: Outcome {
+                        reason: Reason::WontFit,
+                        ..base
+                    },
+                    next,
+                },
+            };
+        }
+        let job = self.job(
+            context,
+            plan,
+            layout,
+            to_summarize,
+            previous,
+            *replaced_tokens,
+            chain,
+            lookup,
+        );
+        match job {
+            Ok(mut job) => {
+                job.fallbacks = [
+                    self.reused_as_it_stands(context, plan, previous.as_ref()),
+                    self.cleared(context, plan),
+                    self.truncated(context, plan),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                Prepared::Summarize(Box::new(job))
+            }
+            Err((kind, reason)) => Prepared::Forward {
+                outcome: Outcome {
+                    kind,
+                    reason,
+                    ..base
+                },
+                next,
+            },
+        }
+    }
+
     /// The summarizer job for a planned summary, or why it cannot be made.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn job(
@@ -33,18 +104,12 @@ impl Planner {
             }
             None => (None, Vec::new()),
         };
-        let max_identifiers = self.config.identifier_index;
-        let identifiers = if max_identifiers == 0 {
-            Vec::new()
-        } else {
-            let fresh = identifiers::extract(
-                to_summarize
-                    .iter()
-                    .map(|&i| conversation.messages[i].raw.get()),
-                max_identifiers,
-            );
-            identifiers::merged(fresh, &previous_index, max_identifiers)
-        };
+        let identifiers = identifier_index(
+            conversation,
+            to_summarize,
+            &previous_index,
+            self.config.identifier_index,
+        );
         let input = summary_input::select_cleared(
             conversation,
             to_summarize,
@@ -89,4 +154,24 @@ impl Planner {
             dialect: conversation.dialect,
         })
     }
+}
+
+/// The identifier index a summary gets: the span's own identifiers, then the previous
+/// summary's, at most `max` (none when `max` is 0).
+fn identifier_index(
+    conversation: &Conversation<'_>,
+    to_summarize: &[usize],
+    previous_index: &[&str],
+    max: usize,
+) -> Vec<String> {
+    if max == 0 {
+        return Vec::new();
+    }
+    let fresh = identifiers::extract(
+        to_summarize
+            .iter()
+            .map(|&i| conversation.messages[i].raw.get()),
+        max,
+    );
+    identifiers::merged(fresh, previous_index, max)
 }

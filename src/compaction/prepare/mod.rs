@@ -322,24 +322,7 @@ impl Planner {
             Credentials::Headers { .. } => None,
         };
         let (settings, model_name) = self.settings_for(key);
-        let mut token_model = self
-            .windows
-            .token_model(ask.upstream, conversation.model.as_deref());
-        let encoding = self.windows.encoding(conversation.model.as_deref());
-        if let Some(reactive) = &ask.reactive {
-            // A retry counts with the model's own tokenizer where compactor has it, and aims
-            // under the refused size counted the same way (`Reactive::forwarded_tokens`).
-            token_model.exact = encoding;
-            token_model.max_input_tokens =
-                Some(self.retry_window(&conversation, &token_model, reactive));
-        }
-        // The model's own tokenizer, where compactor has it, for a body the estimate puts
-        // near a trigger: only there does the difference decide anything.
-        if let Some(encoding) = encoding {
-            if plan::reaches_share(&conversation, settings, &token_model, EXACT_FROM_SHARE) {
-                token_model.exact = Some(encoding);
-            }
-        }
+        let token_model = self.token_model_for(&conversation, settings, ask);
         let model = model_name
             .clone()
             .or_else(|| conversation.model.as_deref().map(str::to_string))
@@ -403,6 +386,35 @@ impl Planner {
             }
         }
         prepared
+    }
+
+    /// How this request is counted: its model's estimate, with the model's own tokenizer
+    /// where compactor has it and it can decide something (a retry, a body near a trigger).
+    fn token_model_for(
+        &self,
+        conversation: &Conversation<'_>,
+        settings: &PlanSettings,
+        ask: &Ask<'_>,
+    ) -> TokenModel {
+        let mut token_model = self
+            .windows
+            .token_model(ask.upstream, conversation.model.as_deref());
+        let encoding = self.windows.encoding(conversation.model.as_deref());
+        if let Some(reactive) = &ask.reactive {
+            // A retry counts with the model's own tokenizer where compactor has it, and aims
+            // under the refused size counted the same way (`Reactive::forwarded_tokens`).
+            token_model.exact = encoding;
+            token_model.max_input_tokens =
+                Some(self.retry_window(conversation, &token_model, reactive));
+        }
+        // The model's own tokenizer, where compactor has it, for a body the estimate puts
+        // near a trigger: only there does the difference decide anything.
+        if let Some(encoding) = encoding {
+            if plan::reaches_share(conversation, settings, &token_model, EXACT_FROM_SHARE) {
+                token_model.exact = Some(encoding);
+            }
+        }
+        token_model
     }
 
     /// The plan with the summaries on hand. The shared tier, when there is one, is asked before
@@ -569,62 +581,7 @@ impl Planner {
                 let reason = unreachable.map(|_| Reason::TriggerUnreachable);
                 self.reuse(context, &plan, (layout, summary, chain), base, next, reason)
             }
-            Decision::Summarize {
-                layout,
-                to_summarize,
-                previous,
-                replaced_tokens,
-                chain,
-            } => {
-                // A summary that cannot bring the request under the model's window is not
-                // paid for: the last resort, or the request as it is.
-                if plan.window.is_some_and(|w| layout.projected_tokens >= w) {
-                    let reason = context.reason.unwrap_or(Reason::WontFit);
-                    return match self.truncated(context, &plan) {
-                        Some(truncated) => {
-                            truncated_body(truncated, Outcome { reason, ..base }, next)
-                        }
-                        None => Prepared::Forward {
-                            outcome: Outcome {
-                                reason: Reason::WontFit,
-                                ..base
-                            },
-                            next,
-                        },
-                    };
-                }
-                let job = self.job(
-                    context,
-                    &plan,
-                    layout,
-                    to_summarize,
-                    previous,
-                    *replaced_tokens,
-                    chain,
-                    lookup,
-                );
-                match job {
-                    Ok(mut job) => {
-                        job.fallbacks = [
-                            self.reused_as_it_stands(context, &plan, previous.as_ref()),
-                            self.cleared(context, &plan),
-                            self.truncated(context, &plan),
-                        ]
-                        .into_iter()
-                        .flatten()
-                        .collect();
-                        Prepared::Summarize(Box::new(job))
-                    }
-                    Err((kind, reason)) => Prepared::Forward {
-                        outcome: Outcome {
-                            kind,
-                            reason,
-                            ..base
-                        },
-                        next,
-                    },
-                }
-            }
+            Decision::Summarize { .. } => self.summarize(context, &plan, lookup, base, next),
         }
     }
 }
