@@ -18,7 +18,6 @@ use crate::apis::Api;
 use crate::body::ProxyBody;
 use crate::compaction::engine::CompactionEngine;
 use crate::compaction::offload::Offloaded;
-use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{Outcome, OutcomeKind, SummarizerUsage};
 use crate::error::ProxyError;
@@ -142,7 +141,12 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
         _ => return Err(failed(outcome.reason)),
     }
     let addition = Addition {
-        block: Some(compaction_block(ask.sealer, &tenant, &compacted.body)?),
+        block: Some(compaction_block(
+            ask.sealer,
+            &tenant,
+            &compacted.body,
+            compacted.summary.as_deref().unwrap_or_default(),
+        )?),
         iteration: Some(compaction_iteration(&outcome)),
         applied,
     };
@@ -267,11 +271,11 @@ fn compaction_block(
     sealer: &Sealer,
     tenant: &[u8; 32],
     compacted: &[u8],
+    summary: &str,
 ) -> Result<Value, ProxyError> {
     let messages = messages_of(compacted);
-    let summary = summary_in(&messages).unwrap_or_default();
     let carried = Carried {
-        summary: summary.clone(),
+        summary: summary.to_string(),
         items: messages,
         replaces: false,
     };
@@ -439,17 +443,6 @@ fn take_edit(fields: &mut Map<String, Value>) -> Option<Value> {
 
 fn messages_of(body: &[u8]) -> Vec<Value> {
     crate::apis::responses::compact::array_field(body, "messages")
-}
-
-/// The summary's text in a compacted request: the text block the planner framed.
-fn summary_in(messages: &[Value]) -> Option<String> {
-    messages.iter().find_map(|message| {
-        let blocks = message.get("content")?.as_array()?;
-        blocks.iter().find_map(|block| {
-            let text = block.get("text")?.as_str()?;
-            text.strip_prefix(SUMMARY_PREFIX).map(str::to_string)
-        })
-    })
 }
 
 /// Anthropic's answer to a paused compaction: the block alone, `stop_reason: "compaction"`,

@@ -8,7 +8,6 @@ use serde_json::{json, Map, Value};
 
 use super::{input_item_spans, summary_item};
 use crate::apis::Api;
-use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
 use crate::compaction::{Outcome, OutcomeKind};
 use crate::error::ProxyError;
@@ -89,16 +88,12 @@ async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyE
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {
+            let summary = compacted.summary.ok_or_else(|| failed(Reason::None))?;
             let mut items = input_items(&compacted.body);
-            // The summary is the one item the planner added.
-            let (at, summary) = items
+            // The summary's item is the one the planner added.
+            let at = items
                 .iter()
-                .enumerate()
-                .find_map(|(i, item)| {
-                    let text = item.pointer("/content/0/text")?.as_str()?;
-                    let summary = text.strip_prefix(SUMMARY_PREFIX)?;
-                    (!original.contains(item)).then(|| (i, summary.to_string()))
-                })
+                .position(|item| !original.contains(item))
                 .ok_or_else(|| failed(Reason::None))?;
             let tail = items.split_off(at + 1);
             items.truncate(at);
@@ -374,6 +369,7 @@ fn compaction_item(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
     use crate::config::Secret;
 
     fn sealer() -> Sealer {

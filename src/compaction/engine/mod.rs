@@ -105,6 +105,8 @@ pub struct Compacted {
     pub body: Bytes,
     pub rewritten: bool,
     pub outcome: Outcome,
+    /// The summary text the body carries (after the summary prefix), when it carries one.
+    pub summary: Option<String>,
     notice: Option<Notice>,
 }
 
@@ -124,12 +126,13 @@ impl Compacted {
         self
     }
 
-    /// A body compacted on a native contract's terms (see `crate::native`), forwarded as it is.
+    /// A body compacted on a served contract's terms (see `crate::served`), forwarded as it is.
     pub fn served(body: Bytes, outcome: Outcome) -> Compacted {
         Compacted {
             body,
             rewritten: true,
             outcome,
+            summary: None,
             notice: None,
         }
     }
@@ -139,6 +142,7 @@ impl Compacted {
             body,
             rewritten: false,
             outcome,
+            summary: None,
             notice: None,
         }
     }
@@ -372,6 +376,7 @@ impl CompactionEngine {
             Offloaded::Done(Prepared::Rewritten {
                 body: rewritten,
                 outcome,
+                summary,
                 notice,
                 next,
             }) => {
@@ -384,6 +389,7 @@ impl CompactionEngine {
                     body: Bytes::from(rewritten),
                     rewritten: true,
                     outcome,
+                    summary,
                     notice,
                 };
                 (Ok(compacted), window)

@@ -108,6 +108,7 @@ impl CompactionEngine {
         Ok(Compacted {
             body: Bytes::from(rewritten),
             rewritten: true,
+            summary: Some(summary.text.clone()),
             notice: Some(Notice {
                 mode: notice_mode,
                 message: compacted_message(&outcome),
@@ -145,6 +146,7 @@ impl CompactionEngine {
                 body: Bytes::from(fallback.body),
                 rewritten: true,
                 outcome,
+                summary: fallback.summary,
                 notice: None,
             });
         }

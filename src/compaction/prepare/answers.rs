@@ -25,6 +25,7 @@ impl Planner {
         }
         Prepared::Rewritten {
             body: apply_cleared(context.body, context.conversation, &plan.cleared),
+            summary: None,
             outcome: Outcome {
                 kind: OutcomeKind::Cleared,
                 tokens_after: plan.tokens_cleared,
@@ -61,6 +62,7 @@ impl Planner {
         };
         Prepared::Rewritten {
             body: splice.apply(context.body, &summary.text, self.config.summary_role),
+            summary: Some(summary.text.clone()),
             outcome: Outcome {
                 kind: OutcomeKind::Reused,
                 tokens_after: layout.projected_tokens,
@@ -101,6 +103,7 @@ impl Planner {
         Some(Fallback {
             kind: OutcomeKind::Truncated,
             body: splice.apply_omission(context.body, dropped, self.config.summary_role),
+            summary: None,
             tokens_after: layout.projected_tokens,
             dropped,
             headroom_unmet: false,
@@ -129,6 +132,7 @@ impl Planner {
         Some(Fallback {
             kind: OutcomeKind::Reused,
             body: splice.apply(context.body, &text, self.config.summary_role),
+            summary: Some(text.into_owned()),
             tokens_after: layout.projected_tokens,
             dropped,
             headroom_unmet: true,
@@ -143,6 +147,7 @@ impl Planner {
         Some(Fallback {
             kind: OutcomeKind::Cleared,
             body: apply_cleared(context.body, context.conversation, &plan.cleared),
+            summary: None,
             tokens_after: plan.tokens_cleared,
             dropped: 0,
             headroom_unmet: false,

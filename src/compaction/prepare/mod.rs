@@ -53,6 +53,8 @@ pub(super) enum Prepared {
     Rewritten {
         body: Vec<u8>,
         outcome: Outcome,
+        /// The summary text the body carries, when it carries one.
+        summary: Option<String>,
         /// The first request to use a summary made ahead of need carries the notice.
         notice: bool,
         next: Next,
@@ -74,6 +76,8 @@ pub(super) struct Next {
 pub(super) struct Fallback {
     pub kind: OutcomeKind,
     pub body: Vec<u8>,
+    /// The summary text the body carries, when it carries one.
+    pub summary: Option<String>,
     pub tokens_after: u64,
     pub dropped: usize,
     pub headroom_unmet: bool,
@@ -613,6 +617,7 @@ fn forward(outcome: Outcome, window: Option<u64>) -> Prepared {
 fn truncated_body(truncated: Fallback, base: Outcome, next: Next) -> Prepared {
     Prepared::Rewritten {
         outcome: truncated.outcome(base),
+        summary: truncated.summary,
         body: truncated.body,
         notice: false,
         next,

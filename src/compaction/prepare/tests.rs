@@ -4,6 +4,7 @@ fn fallback(kind: OutcomeKind, tokens_after: u64) -> Fallback {
     Fallback {
         kind,
         body: Vec::new(),
+        summary: None,
         tokens_after,
         dropped: 0,
         headroom_unmet: false,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::config::Secret;
 use crate::served::splice::Events;
 
