@@ -9,10 +9,10 @@ use serde_json::value::RawValue;
 use std::ops::Range;
 
 use crate::compaction::front_end::{FrontEnd, Parsed};
-use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     string_value, Conversation, Json, Message, ParseError, Role, ToolCall,
 };
+use crate::compaction::planner::conversation::{Dialect, PartKind};
 use crate::compaction::planner::raw_json::{
     deserialize_raw_object, object_span, offset_in, RawObject,
 };
@@ -188,6 +188,7 @@ fn message_from_fields<'a>(
         binds_next: false,
         cache_breakpoint: None,
         tool_outputs: Vec::new(),
+        dialect: &Chat,
     }
     .with_own_output())
 }
@@ -197,6 +198,17 @@ fn message_from_fields<'a>(
 pub struct Chat;
 
 impl Dialect for Chat {
+    fn part_kind(&self, kind: &str) -> PartKind {
+        match kind {
+            "text" => PartKind::Text,
+            "refusal" => PartKind::Refusal,
+            "image_url" => PartKind::Image,
+            "file" => PartKind::File,
+            "input_audio" => PartKind::Audio,
+            _ => PartKind::Opaque,
+        }
+    }
+
     fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {
         parse_message(raw).ok()
     }

@@ -25,10 +25,10 @@ use serde_json::value::RawValue;
 use std::ops::Range;
 
 use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
-use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     string_value, Conversation, Json, Message, ParseError, Role, ToolCall, ToolOutput,
 };
+use crate::compaction::planner::conversation::{Dialect, PartKind};
 use crate::compaction::planner::raw_json::{
     deserialize_raw_object, object_span, offset_in, RawObject,
 };
@@ -243,7 +243,8 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
         }
     }
     let binds_next = !calls.is_empty();
-    let mut message = Message::from_item(raw, role, content, calls, None, None, binds_next);
+    let mut message =
+        Message::from_item(raw, role, content, calls, None, None, binds_next, &Messages);
     if !answers.is_empty() {
         message.role = Role::Tool;
         message.more_answers = answers;
@@ -258,6 +259,18 @@ fn message<'a>(raw: &'a str, fields: &MessageFields<'a>) -> Result<Message<'a>, 
 pub struct Messages;
 
 impl Dialect for Messages {
+    fn part_kind(&self, kind: &str) -> PartKind {
+        match kind {
+            "text" => PartKind::Text,
+            "image" => PartKind::Image,
+            "document" => PartKind::Document,
+            "tool_use" | "server_tool_use" => PartKind::ToolCall,
+            "tool_result" => PartKind::ToolResult,
+            "thinking" | "redacted_thinking" => PartKind::Reasoning,
+            _ => PartKind::Opaque,
+        }
+    }
+
     fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {
         parse_message(raw)
     }

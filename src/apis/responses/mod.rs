@@ -18,10 +18,10 @@ use serde_json::value::RawValue;
 use std::ops::Range;
 
 use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
-use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::conversation::{
     string_value, Conversation, Message, ParseError, ToolCall,
 };
+use crate::compaction::planner::conversation::{Dialect, PartKind};
 use crate::compaction::planner::raw_json::{
     deserialize_raw_object, object_span, offset_in, RawObject,
 };
@@ -259,20 +259,56 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
             arguments_raw: arguments.map(crate::compaction::planner::conversation::Json::of),
         };
         let assistant = Cow::Borrowed("assistant");
-        Message::from_item(raw, assistant, None, vec![call], None, opaque, false)
+        Message::from_item(
+            raw,
+            assistant,
+            None,
+            vec![call],
+            None,
+            opaque,
+            false,
+            &Responses,
+        )
     };
     let answer = |id, output: Option<&'a str>, opaque: Option<&'a str>| {
         let tool = Cow::Borrowed("tool");
-        Message::from_item(raw, tool, output, Vec::new(), Some(id), opaque, false)
+        Message::from_item(
+            raw,
+            tool,
+            output,
+            Vec::new(),
+            Some(id),
+            opaque,
+            false,
+            &Responses,
+        )
     };
     let whole = |role: Cow<'a, str>, binds_next: bool| {
-        Message::from_item(raw, role, None, Vec::new(), None, Some(raw), binds_next)
+        Message::from_item(
+            raw,
+            role,
+            None,
+            Vec::new(),
+            None,
+            Some(raw),
+            binds_next,
+            &Responses,
+        )
     };
     let kind = item.kind.as_deref().unwrap_or("message");
     Ok(match kind {
         "message" => {
             let role = required(item.role, "role")?;
-            Message::from_item(raw, role, item.content, Vec::new(), None, None, false)
+            Message::from_item(
+                raw,
+                role,
+                item.content,
+                Vec::new(),
+                None,
+                None,
+                false,
+                &Responses,
+            )
         }
         "function_call" | "custom_tool_call" => {
             let id = required(item.call_id, "call_id")?;
@@ -322,6 +358,17 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
 pub struct Responses;
 
 impl Dialect for Responses {
+    fn part_kind(&self, kind: &str) -> PartKind {
+        match kind {
+            "input_text" | "output_text" => PartKind::Text,
+            "refusal" => PartKind::Refusal,
+            "input_image" => PartKind::Image,
+            "input_file" => PartKind::File,
+            "input_audio" => PartKind::Audio,
+            _ => PartKind::Opaque,
+        }
+    }
+
     fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {
         parse_item(raw)
     }

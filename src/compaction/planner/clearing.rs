@@ -75,7 +75,7 @@ fn cleared_copy(
     let mut outputs = 0;
     for output in &message.tool_outputs {
         let value = output.value.get();
-        let tokens = value_tokens(value, model);
+        let tokens = value_tokens(value, message.dialect, model);
         let start = (value.as_ptr() as usize).checked_sub(base)?;
         if tokens < min_tokens || start < at || start + value.len() > raw.len() {
             continue;

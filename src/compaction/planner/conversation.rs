@@ -92,6 +92,9 @@ pub trait Dialect: Sync + std::fmt::Debug {
     /// Reads one message made anew (a cleared copy) the way the body's own were read.
     fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>>;
 
+    /// What a content part of this API's `type` is.
+    fn part_kind(&self, kind: &str) -> PartKind;
+
     /// `role: "system"` turns inside the message list are context the client placed there:
     /// kept, never summarized (Anthropic's Messages).
     fn keeps_system_turns(&self) -> bool {
@@ -130,6 +133,27 @@ pub trait Dialect: Sync + std::fmt::Debug {
     ) -> Option<String>;
 }
 
+/// What a content part is, whatever its API calls it: each API maps its own part types onto
+/// these ([`Dialect::part_kind`]), so counting and the summarizer's transcript name no API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartKind {
+    Text,
+    Refusal,
+    /// Counted flat, never by its (often base64) bytes.
+    Image,
+    File,
+    Document,
+    Audio,
+    /// A call the message makes inside its content (listed with the message's calls).
+    ToolCall,
+    /// A tool's result inside a message's content, with the call it answers.
+    ToolResult,
+    /// Model reasoning: counted, never shown to the summarizer.
+    Reasoning,
+    /// Anything else: counted by its JSON.
+    Opaque,
+}
+
 /// One message: its original bytes plus what planning needs.
 #[derive(Debug, Clone)]
 pub struct Message<'a> {
@@ -159,6 +183,8 @@ pub struct Message<'a> {
     /// replace with a placeholder: a tool message's `content`, a Responses output item's
     /// `output`, each `tool_result` block's `content` of an Anthropic user turn.
     pub tool_outputs: Vec<ToolOutput<'a>>,
+    /// The API it was read by: what its content parts are.
+    pub dialect: &'static dyn Dialect,
 }
 
 /// One tool output inside a message: its raw value and the call it answers.
@@ -304,6 +330,7 @@ impl<'a> Message<'a> {
         tool_call_id: Option<Cow<'a, str>>,
         opaque: Option<&'a str>,
         binds_next: bool,
+        dialect: &'static dyn Dialect,
     ) -> Message<'a> {
         let counted_calls = tool_calls.first().and_then(|call| call.arguments_raw);
         Message {
@@ -322,6 +349,7 @@ impl<'a> Message<'a> {
             binds_next,
             cache_breakpoint: None,
             tool_outputs: Vec::new(),
+            dialect,
         }
         .with_own_output()
     }
@@ -403,7 +431,7 @@ impl<'a> Message<'a> {
             visit(Piece::Plain(name));
         }
         for content in [self.content, self.refusal].into_iter().flatten() {
-            content_pieces(content, visit);
+            content_pieces(content, self.dialect, visit);
         }
         for raw in [self.tool_calls_raw, self.function_call]
             .into_iter()
@@ -553,9 +581,9 @@ fn push_values(value: &Value, text: &mut String) {
 }
 
 /// Tokens of one content value (a string or an array of parts), as a message counts it.
-pub(crate) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
+pub(crate) fn value_tokens(raw: &str, dialect: &dyn Dialect, model: &TokenModel) -> u64 {
     let (mut chars, mut images) = (CharCount::default(), 0);
-    content_pieces(Json(raw), &mut |piece| {
+    content_pieces(Json(raw), dialect, &mut |piece| {
         tally(piece, &mut chars, &mut images)
     });
     model.tokens(chars) + images * model.image_tokens
@@ -563,7 +591,7 @@ pub(crate) fn value_tokens(raw: &str, model: &TokenModel) -> u64 {
 
 /// The pieces of a content value: a string, or an array of parts (text counted, images flat,
 /// anything else by its JSON so nothing is free).
-fn content_pieces(raw: Json<'_>, visit: &mut dyn FnMut(Piece<'_>)) {
+fn content_pieces(raw: Json<'_>, dialect: &dyn Dialect, visit: &mut dyn FnMut(Piece<'_>)) {
     let text = raw.get();
     if text.starts_with('"') {
         visit(Piece::Literal(text));
@@ -575,18 +603,21 @@ fn content_pieces(raw: Json<'_>, visit: &mut dyn FnMut(Piece<'_>)) {
     };
     for part in parts {
         match serde_json::from_str::<PartView>(part.get()) {
-            Ok(view) => match (view.kind.as_deref(), view.text, view.refusal) {
-                (Some("image_url") | Some("image") | Some("input_image"), _, _) => {
-                    visit(Piece::Image)
+            Ok(view) => {
+                let kind = view.kind.as_deref().map(|kind| dialect.part_kind(kind));
+                match (kind, view.text, view.refusal) {
+                    (Some(PartKind::Image), _, _) => visit(Piece::Image),
+                    (_, Some(text), _) if text.get().starts_with('"') => {
+                        visit(Piece::Literal(text.get()))
+                    }
+                    (Some(PartKind::Refusal), _, Some(refusal))
+                        if refusal.get().starts_with('"') =>
+                    {
+                        visit(Piece::Literal(refusal.get()))
+                    }
+                    _ => visit(Piece::Plain(part.get())),
                 }
-                (_, Some(text), _) if text.get().starts_with('"') => {
-                    visit(Piece::Literal(text.get()))
-                }
-                (Some("refusal"), _, Some(refusal)) if refusal.get().starts_with('"') => {
-                    visit(Piece::Literal(refusal.get()))
-                }
-                _ => visit(Piece::Plain(part.get())),
-            },
+            }
             Err(_) if part.get().starts_with('"') => visit(Piece::Literal(part.get())),
             Err(_) => visit(Piece::Plain(part.get())),
         }

@@ -6,7 +6,9 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use crate::compaction::planner::conversation::{Conversation, Message, PartView};
+use crate::compaction::planner::conversation::{
+    Conversation, Dialect, Message, PartKind, PartView,
+};
 use crate::compaction::planner::json_escape::{decode_escape, Escaped};
 
 /// The call lines of the calls `message` answers that none of the messages shown made (their
@@ -63,7 +65,7 @@ pub(super) fn content_text(message: &Message<'_>) -> String {
         }
         let parts: Vec<PartView<'_>> = serde_json::from_str(raw.get()).unwrap_or_default();
         for part in parts {
-            let Some(piece) = part_text(&part) else {
+            let Some(piece) = part_text(&part, message.dialect) else {
                 continue;
             };
             if !out.is_empty() {
@@ -75,48 +77,32 @@ pub(super) fn content_text(message: &Message<'_>) -> String {
     out
 }
 
-/// What the summarizer is shown of one content part; None for parts it never sees: an
-/// Anthropic `tool_use` (listed with the message's calls) and thinking, which is opaque.
-pub(super) fn part_text(part: &PartView<'_>) -> Option<String> {
+/// What the summarizer is shown of one content part, by what its API says it is; None for
+/// parts it never sees: a call inside the content (listed with the message's calls) and
+/// reasoning, which is opaque.
+pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<String> {
     let text_of = |raw: Option<&RawValue>| -> String {
         raw.and_then(|r| json_text(r.get()))
             .map(Cow::into_owned)
             .unwrap_or_default()
     };
-    Some(match part.kind.as_deref().unwrap_or("") {
-        "text" | "input_text" | "output_text" => text_of(part.text),
-        "refusal" => text_of(part.refusal),
-        "image_url" => {
-            let url: Option<serde_json::Value> = part
-                .image_url
-                .and_then(|r| serde_json::from_str(r.get()).ok());
-            let url = url
-                .as_ref()
-                .and_then(|v| v.get("url").or(Some(v)))
-                .and_then(|v| v.as_str())
-                .unwrap_or("");
-            if url.starts_with("data:") || url.is_empty() {
-                "[image]".to_string()
-            } else {
-                format!("[image: {url}]")
-            }
-        }
-        "input_image" | "image" => "[image]".to_string(),
-        "input_file" => "[file]".to_string(),
-        "document" => "[document]".to_string(),
-        "input_audio" => "[audio]".to_string(),
-        "file" => {
+    let kind = part.kind.as_deref().unwrap_or("");
+    Some(match dialect.part_kind(kind) {
+        PartKind::Text => text_of(part.text),
+        PartKind::Refusal => text_of(part.refusal),
+        PartKind::Image => image_text(part),
+        PartKind::File => {
             let file: Option<serde_json::Value> =
                 part.file.and_then(|r| serde_json::from_str(r.get()).ok());
-            let name = file
-                .as_ref()
-                .and_then(|f| f.get("filename"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("attachment");
-            format!("[file: {name}]")
+            match file.as_ref().and_then(|f| f.get("filename")?.as_str()) {
+                Some(name) => format!("[file: {name}]"),
+                None => "[file]".to_string(),
+            }
         }
-        "tool_use" | "thinking" | "redacted_thinking" => return None,
-        "tool_result" => {
+        PartKind::Document => "[document]".to_string(),
+        PartKind::Audio => "[audio]".to_string(),
+        PartKind::ToolCall | PartKind::Reasoning => return None,
+        PartKind::ToolResult => {
             let id = part.tool_use_id.as_deref().unwrap_or("");
             let result = match part.content {
                 Some(raw) if raw.get().starts_with('[') => {
@@ -124,7 +110,7 @@ pub(super) fn part_text(part: &PartView<'_>) -> Option<String> {
                         serde_json::from_str(raw.get()).unwrap_or_default();
                     nested
                         .iter()
-                        .filter_map(part_text)
+                        .filter_map(|part| part_text(part, dialect))
                         .collect::<Vec<_>>()
                         .join("\n")
                 }
@@ -132,8 +118,26 @@ pub(super) fn part_text(part: &PartView<'_>) -> Option<String> {
             };
             format!("← result [{id}]: {result}")
         }
-        other => format!("[{other} part]"),
+        PartKind::Opaque if kind.is_empty() => "[part]".to_string(),
+        PartKind::Opaque => format!("[{kind} part]"),
     })
+}
+
+/// An image part: its URL when it has one that is not inline data, else a placeholder.
+fn image_text(part: &PartView<'_>) -> String {
+    let url: Option<serde_json::Value> = part
+        .image_url
+        .and_then(|r| serde_json::from_str(r.get()).ok());
+    let url = url
+        .as_ref()
+        .and_then(|v| v.get("url").or(Some(v)))
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    if url.starts_with("data:") || url.is_empty() {
+        "[image]".to_string()
+    } else {
+        format!("[image: {url}]")
+    }
 }
 
 /// A JSON string literal's text. A lone surrogate escape (valid JSON, not valid Unicode) is kept
@@ -255,5 +259,31 @@ pub fn strip_raw_base64(text: &str) -> Cow<'_, str> {
             out.push_str(&text[copied..]);
             Cow::Owned(out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::{chat, messages, responses};
+
+    fn shown(dialect: &dyn Dialect, raw: &str) -> String {
+        content_text(&dialect.parse_message(raw).expect("a message"))
+    }
+
+    #[test]
+    fn each_api_names_its_own_parts_and_a_typeless_part_is_shown_as_a_part() {
+        let chat_parts = r#"{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"https://x/cat.png"}},{"type":"input_image","image_url":"https://x/dog.png"},{"text":"no type"}]}"#;
+        assert_eq!(
+            shown(&chat::Chat, chat_parts),
+            "look\n[image: https://x/cat.png]\n[input_image part]\n[part]"
+        );
+        let anthropic = r#"{"role":"user","content":[{"type":"thinking","thinking":"hmm"},{"type":"image","source":{"type":"base64","data":"AAAA"}},{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"ok"}]}]}"#;
+        assert_eq!(
+            shown(&messages::Messages, anthropic),
+            "[image]\n← result [t1]: ok"
+        );
+        let item = r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_file","file_id":"f1"}]}"#;
+        assert_eq!(shown(&responses::Responses, item), "hi\n[file]");
     }
 }
