@@ -16,6 +16,7 @@ mod messages;
 mod overflow;
 mod planner;
 mod quality;
+mod random_runs;
 mod redis;
 mod responses;
 mod sdk_async_openai;

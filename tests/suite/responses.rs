@@ -276,69 +276,6 @@ async fn a_compacted_stream_starts_with_the_notice_and_keeps_its_typed_events() 
     }
 }
 
-/// Random agent steps: user turns, answers, reasoning before calls or answers, parallel calls
-/// whose outputs come in any order with an answer between them, skill reads.
-fn random_items(rng: &mut Rng, seed: u64) -> Vec<Value> {
-    let mut input = vec![json!({"role": "system", "content": "agent"})];
-    let mut call = 0;
-    for _ in 0..(4 + rng.below(30)) {
-        match rng.below(5) {
-            0 => input.push(
-                json!({"role": "user", "content": format!("s{seed} question {}", rng.next())}),
-            ),
-            1 => {
-                input.push(json!({"type": "reasoning", "id": format!("rs_{seed}_{}", rng.next()), "summary": [], "encrypted_content": "e".repeat(rng.below(200) as usize)}));
-                input.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": format!("s{seed} answer {}", rng.next())}]}));
-            }
-            _ => {
-                if rng.below(2) == 0 {
-                    input.push(json!({"type": "reasoning", "id": format!("rs_{seed}_{}", rng.next()), "summary": [{"type": "summary_text", "text": "why"}]}));
-                }
-                let ids: Vec<String> = (0..1 + rng.below(3))
-                    .map(|_| {
-                        call += 1;
-                        format!("call_{seed}_{call}")
-                    })
-                    .collect();
-                for id in &ids {
-                    input.push(json!({"type": "function_call", "call_id": id, "name": "read_file", "arguments": "{\"path\":\"/mnt/skills/x/SKILL.md\"}"}));
-                }
-                for (k, id) in ids.iter().rev().enumerate() {
-                    if k == 1 && rng.below(2) == 0 {
-                        input.push(
-                            json!({"type": "message", "role": "assistant", "content": "meanwhile"}),
-                        );
-                    }
-                    input.push(json!({"type": "function_call_output", "call_id": id, "output": "x".repeat(rng.below(400) as usize)}));
-                }
-            }
-        }
-    }
-    input.push(json!({"role": "user", "content": "latest"}));
-    input
-}
-
-#[tokio::test]
-async fn random_tool_heavy_runs_are_always_accepted_upstream() {
-    let stack = stack_with(RANDOM_RUNS_SUMMARIZATION, MockOptions::default()).await;
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut summarized = 0;
-    for seed in 0..200 {
-        let input = random_items(&mut rng, seed);
-        let response = send(&stack, body(&input, json!({}))).await;
-        assert_eq!(
-            response.status,
-            StatusCode::OK,
-            "seed {seed}: {}",
-            response.text()
-        );
-        if compaction(&response) == "summarized" {
-            summarized += 1;
-        }
-    }
-    assert!(summarized > 50, "only {summarized} of 200 were compacted");
-}
-
 #[tokio::test]
 async fn a_summarizer_that_speaks_only_responses_is_called_with_it() {
     let stack = stack_with(
