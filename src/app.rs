@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::apis::summarizer::HttpSummarizer;
+use crate::apis::{self, summarizer::HttpSummarizer};
 use crate::auth::Auth;
 use crate::compaction::engine::CompactionEngine;
 use crate::config::Config;
@@ -64,7 +64,7 @@ impl App {
     pub fn new(config: Config) -> Result<App, UpstreamSetupError> {
         let metrics = Arc::new(Metrics::new(config.telemetry.metrics));
         let config = Arc::new(config);
-        let upstreams = Arc::new(Upstreams::from_config(&config)?);
+        let upstreams = Arc::new(Upstreams::from_config(&config, apis::provider)?);
         let generation = Generation::new(0, config.clone(), upstreams.clone(), &metrics, None);
         let shared = Arc::new(Shared {
             generation: ArcSwap::from_pointee(generation),
@@ -98,7 +98,7 @@ impl App {
             shared: self.shared.clone(),
             local: ArcSwap::from_pointee(Local {
                 generation: generation.id,
-                upstreams: Arc::new(Upstreams::from_config(&generation.config)?),
+                upstreams: Arc::new(Upstreams::from_config(&generation.config, apis::provider)?),
             }),
         })
     }
@@ -114,7 +114,7 @@ impl App {
             };
         }
         // Checked when the generation was made: a failure here is the host's, not the file's.
-        match Upstreams::from_config(&generation.config) {
+        match Upstreams::from_config(&generation.config, apis::provider) {
             Ok(upstreams) => {
                 let upstreams = Arc::new(upstreams);
                 self.local.store(Arc::new(Local {
@@ -211,7 +211,9 @@ impl App {
         }
         let restart = restart_needed(&previous.config, &config);
         let config = Arc::new(config);
-        let upstreams = Arc::new(Upstreams::from_config(&config).map_err(ReloadRefused::Upstream)?);
+        let upstreams = Arc::new(
+            Upstreams::from_config(&config, apis::provider).map_err(ReloadRefused::Upstream)?,
+        );
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let metrics = &self.shared.metrics;
         metrics.set_enabled(config.telemetry.metrics);

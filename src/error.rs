@@ -9,6 +9,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 use crate::body::ProxyBody;
+use crate::provider::{ErrorFacts, Provider};
 
 /// Who caused a failure; decides the log level and, later, whether a retry could help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,46 +173,21 @@ impl ProxyError {
         }
     }
 
-    /// The message in Anthropic's words where a client reads it: Claude Code parses "prompt is
-    /// too long: N tokens > M maximum" to compact.
-    fn anthropic_message(&self) -> String {
-        match self {
-            ProxyError::ContextTooLarge { tokens, window } => {
-                format!("prompt is too long: {tokens} tokens > {window} maximum")
-            }
-            error => error.to_string(),
-        }
-    }
-
-    /// Anthropic's `error.type` for this error's status.
-    fn anthropic_type(&self) -> &'static str {
-        match self.status() {
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::FORBIDDEN => "permission_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
-            status if status.is_client_error() => "invalid_request_error",
-            _ => "api_error",
-        }
-    }
-
-    pub fn into_response(self, shape: ErrorShape) -> Response<ProxyBody> {
-        let mut response = match shape {
-            ErrorShape::OpenAi => error_response(
-                self.status(),
-                &self.to_string(),
-                self.error_type(),
-                self.code(),
-            ),
-            ErrorShape::Anthropic => anthropic_error_response(
-                self.status(),
-                &self.anthropic_message(),
-                self.anthropic_type(),
-                self.code(),
-            ),
+    /// The response a client gets: the error body in the shape of the API the path belongs
+    /// to (`provider`'s), the `x-compactor-error` header, a `retry-after` where one applies.
+    pub fn into_response(self, provider: &dyn Provider) -> Response<ProxyBody> {
+        let message = self.to_string();
+        let facts = ErrorFacts {
+            status: self.status(),
+            message: &message,
+            error_type: self.error_type(),
+            code: self.code(),
+            over_window: match self {
+                ProxyError::ContextTooLarge { tokens, window } => Some((tokens, window)),
+                _ => None,
+            },
         };
+        let mut response = json_response(facts.status, provider.error_body(&facts), facts.code);
         match self {
             ProxyError::Overloaded(_) => {
                 response
@@ -240,52 +216,6 @@ impl ProxyError {
             BodyFault::Invalid(reason) => ProxyError::BodyRead(reason.clone()),
         }
     }
-}
-
-/// Which API's error body a client expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorShape {
-    /// `{"error":{"message","type","code","param"}}`.
-    OpenAi,
-    /// `{"type":"error","error":{"type","message"}}`, on the Messages API's paths.
-    Anthropic,
-}
-
-impl ErrorShape {
-    /// The shape for a path under the listen prefix (`rest`): Anthropic's for `/messages…`.
-    pub fn for_path(rest: Option<&str>) -> ErrorShape {
-        match rest.map(crate::config::UpstreamApi::of_path) {
-            Some(crate::config::UpstreamApi::Anthropic) => ErrorShape::Anthropic,
-            _ => ErrorShape::OpenAi,
-        }
-    }
-}
-
-/// Anthropic's error body; `code` goes in the `x-compactor-error` header only.
-fn anthropic_error_response(
-    status: StatusCode,
-    message: &str,
-    error_type: &str,
-    code: &str,
-) -> Response<ProxyBody> {
-    let body = serde_json::json!({
-        "type": "error",
-        "error": { "type": error_type, "message": message }
-    });
-    json_response(status, body, code)
-}
-
-/// Renders `{"error":{"message","type","code"}}`; used for every error compactor generates.
-pub fn error_response(
-    status: StatusCode,
-    message: &str,
-    error_type: &str,
-    code: &str,
-) -> Response<ProxyBody> {
-    let body = serde_json::json!({
-        "error": { "message": message, "type": error_type, "code": code, "param": null }
-    });
-    json_response(status, body, code)
 }
 
 fn json_response(status: StatusCode, body: serde_json::Value, code: &str) -> Response<ProxyBody> {

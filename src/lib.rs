@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod notice;
 pub mod operate;
 pub mod poison;
+pub mod provider;
 pub mod proxy;
 pub mod relay;
 pub mod routing;

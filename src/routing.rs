@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 
 use crate::config::{Config, UpstreamApi};
+use crate::provider::Provider;
 use crate::upstream::{Upstream, UpstreamSetupError};
 
 /// All configured upstreams in order.
@@ -16,11 +17,15 @@ pub struct Upstreams {
 }
 
 impl Upstreams {
-    pub fn from_config(config: &Config) -> Result<Upstreams, UpstreamSetupError> {
+    /// The configured upstreams, each speaking the wire `provider` gives its family.
+    pub fn from_config(
+        config: &Config,
+        provider: fn(UpstreamApi) -> &'static dyn Provider,
+    ) -> Result<Upstreams, UpstreamSetupError> {
         let list = config
             .upstreams
             .iter()
-            .map(|u| Upstream::new(u, &config.tls))
+            .map(|u| Upstream::new(u, &config.tls, provider(u.api)))
             .collect::<Result<Vec<_>, _>>()?;
         if list.is_empty() {
             return Err(UpstreamSetupError("no upstream configured".into()));

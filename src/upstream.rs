@@ -18,10 +18,11 @@ use std::sync::Arc;
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::config::{TlsConfig, UpstreamApi, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::headers::{strip_hop_by_hop, strip_own, CONTROL_HEADERS, CREDENTIALS, X_API_KEY};
+use crate::headers::{strip_hop_by_hop, strip_own, CONTROL_HEADERS, CREDENTIALS};
 use crate::inbound::BodyFault;
 use crate::lean_client::LeanPool;
 use crate::notice::Notice;
+use crate::provider::Provider;
 use crate::telemetry;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
@@ -52,7 +53,12 @@ pub struct Upstream {
 pub struct UpstreamSetupError(pub String);
 
 impl Upstream {
-    pub fn new(config: &UpstreamConfig, tls: &TlsConfig) -> Result<Upstream, UpstreamSetupError> {
+    /// The upstream of `config`, speaking `provider`'s wire.
+    pub fn new(
+        config: &UpstreamConfig,
+        tls: &TlsConfig,
+        provider: &dyn Provider,
+    ) -> Result<Upstream, UpstreamSetupError> {
         let uri: Uri = config
             .base_url
             .parse()
@@ -70,12 +76,7 @@ impl Upstream {
             .unwrap_or_default();
         let credential = match config.api_key.as_ref().filter(|k| !k.is_empty()) {
             Some(key) => {
-                let (name, text) = match config.api {
-                    UpstreamApi::Openai => {
-                        (header::AUTHORIZATION, format!("Bearer {}", key.expose()))
-                    }
-                    UpstreamApi::Anthropic => (X_API_KEY, key.expose().to_string()),
-                };
+                let (name, text) = provider.credential(key.expose());
                 let mut value = HeaderValue::from_str(&text).map_err(|_| {
                     UpstreamSetupError(format!("{}: api_key is not a valid header", config.name))
                 })?;

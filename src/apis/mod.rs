@@ -5,6 +5,8 @@
 
 pub use crate::compaction::front_end::{FrontEnd, Parsed};
 use crate::compaction::planner::conversation::Dialect;
+use crate::config::UpstreamApi;
+use crate::provider::Provider;
 use crate::served::Contracts;
 
 pub mod chat;
@@ -67,4 +69,24 @@ impl Api {
     pub fn dialect(self) -> &'static dyn Dialect {
         self.front_end()
     }
+}
+
+/// Every provider family, in the order paths are claimed: OpenAI's, which takes every path no
+/// other claims, last.
+const PROVIDERS: [&dyn Provider; 2] = [&messages::provider::Anthropic, &chat::provider::OpenAi];
+
+/// The wire of the upstreams with `api: family`.
+pub fn provider(family: UpstreamApi) -> &'static dyn Provider {
+    PROVIDERS
+        .into_iter()
+        .find(|provider| provider.family() == family)
+        .unwrap_or(&chat::provider::OpenAi)
+}
+
+/// The family whose API a path under the listen prefix belongs to.
+pub fn provider_for_path(rest: &str) -> &'static dyn Provider {
+    PROVIDERS
+        .into_iter()
+        .find(|provider| provider.owns_path(rest))
+        .unwrap_or(&chat::provider::OpenAi)
 }

@@ -278,18 +278,6 @@ pub enum UpstreamApi {
     Anthropic,
 }
 
-impl UpstreamApi {
-    /// The API a path under the prefix belongs to: Anthropic's `/messages` and
-    /// `/messages/count_tokens`, OpenAI's for everything else.
-    pub fn of_path(rest: &str) -> UpstreamApi {
-        if rest == "/messages" || rest.starts_with("/messages/") {
-            UpstreamApi::Anthropic
-        } else {
-            UpstreamApi::Openai
-        }
-    }
-}
-
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {

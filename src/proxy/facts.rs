@@ -8,7 +8,7 @@ use http::Method;
 use hyper::body::Incoming;
 
 use crate::access_log::RequestLog;
-use crate::apis::Api;
+use crate::apis::{self, Api};
 use crate::app::{App, Current};
 use crate::auth::{Auth, AuthFailure, ClientKey};
 use crate::compaction::scope::Caller;
@@ -71,7 +71,7 @@ pub(super) fn classify<'c>(
     let post = *method == Method::POST;
     let api = Some(rest).filter(|_| post).and_then(Api::for_path);
     log.route = api.map_or(Route::Other, |api| Route::Api(api.label()));
-    let family = UpstreamApi::of_path(rest);
+    let family = apis::provider_for_path(rest).family();
     let restricted = key.is_some_and(|k| k.restricts_models());
     Facts {
         key,

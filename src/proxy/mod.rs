@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::access_log::{LoggedBody, RequestLog};
+use crate::apis;
 use crate::app::{App, Current};
 use crate::auth::ClientKey;
 use crate::body::{self, ProxyBody};
@@ -20,8 +21,7 @@ use crate::compaction::engine::Compacted;
 use crate::compaction::overflow::may_be_overflow;
 use crate::compaction::retry::Retry;
 use crate::compaction::scope::Caller;
-use crate::config::UpstreamApi;
-use crate::error::{ErrorShape, ProxyError};
+use crate::error::ProxyError;
 use crate::headers::CREDENTIALS;
 use crate::inbound::ClientAddress;
 use crate::metrics::Route;
@@ -47,7 +47,10 @@ pub async fn handle(
     let started = Instant::now();
     let current = app.current();
     let config = &current.generation.config;
-    let shape = ErrorShape::for_path(forwarded_path(&config.prefix, request.uri().path()));
+    // Errors answer in the shape of the API the path belongs to.
+    let provider = apis::provider_for_path(
+        forwarded_path(&config.prefix, request.uri().path()).unwrap_or_default(),
+    );
     let span = telemetry::request_span(request.method(), request.uri().path(), request.headers());
     let mut log = RequestLog {
         method: request.method().clone(),
@@ -66,7 +69,7 @@ pub async fn handle(
             if error.fault() != crate::error::Fault::Client {
                 tracing::warn!(code = error.code(), "{error}");
             }
-            error.into_response(shape)
+            error.into_response(provider)
         }
     };
     log.status = response.status().as_u16();
@@ -259,7 +262,7 @@ async fn relay_upgrade(
     let with_key = key.is_some();
     let upstream = current
         .upstreams
-        .route(None, UpstreamApi::of_path(&rest))
+        .route(None, apis::provider_for_path(&rest).family())
         .ok_or_else(|| ProxyError::NoUpstream(String::new()))?;
     log.upstream = Some(upstream.label.clone());
     let mut parts = parts;

@@ -19,6 +19,7 @@ use crate::compaction::planner::raw_json::{
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::config::{SummaryPlacement, SummaryRole};
 
+pub mod provider;
 pub mod wire;
 
 #[derive(Deserialize)]

@@ -37,6 +37,7 @@ use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
 
 pub mod editing;
+pub mod provider;
 pub mod served;
 pub mod wire;
 
