@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use super::editing;
 use crate::apis::Api;
 use crate::body::ProxyBody;
-use crate::compaction::engine::CompactionEngine;
+use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::offload::Offloaded;
 use crate::compaction::summaries::summary_input;
 use crate::compaction::{Outcome, OutcomeKind, SummarizerUsage};
@@ -141,12 +141,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
         _ => return Err(failed(outcome.reason)),
     }
     let addition = Addition {
-        block: Some(compaction_block(
-            ask.sealer,
-            &tenant,
-            &compacted.body,
-            compacted.summary.as_deref().unwrap_or_default(),
-        )?),
+        block: Some(compaction_block(ask.sealer, &tenant, &compacted)?),
         iteration: Some(compaction_iteration(&outcome)),
         applied,
     };
@@ -270,10 +265,10 @@ fn edit_request(
 fn compaction_block(
     sealer: &Sealer,
     tenant: &[u8; 32],
-    compacted: &[u8],
-    summary: &str,
+    compacted: &Compacted,
 ) -> Result<Value, ProxyError> {
-    let messages = messages_of(compacted);
+    let messages = messages_of(&compacted.body);
+    let summary = compacted.summary.as_deref().unwrap_or_default();
     let carried = Carried {
         summary: summary.to_string(),
         items: messages,

@@ -250,64 +250,23 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
     let required = |value: Option<Cow<'a, str>>, what: &str| {
         value.ok_or_else(|| Unplannable::Bad(format!("{what} is missing")))
     };
-    // The shapes an item takes in the message view: a call the assistant made, the answer to
-    // one, an item kept whole and never read (opaque).
-    let call = |id, name, arguments: Option<&'a str>, opaque: Option<&'a str>| {
-        let call = ToolCall {
-            id,
-            name,
-            arguments_raw: arguments.map(crate::compaction::planner::conversation::Json::of),
-        };
-        let assistant = Cow::Borrowed("assistant");
-        Message::from_item(
-            raw,
-            assistant,
-            None,
-            vec![call],
-            None,
-            opaque,
-            false,
-            &Responses,
-        )
-    };
-    let answer = |id, output: Option<&'a str>, opaque: Option<&'a str>| {
-        let tool = Cow::Borrowed("tool");
-        Message::from_item(
-            raw,
-            tool,
-            output,
-            Vec::new(),
-            Some(id),
-            opaque,
-            false,
-            &Responses,
-        )
-    };
-    let whole = |role: Cow<'a, str>, binds_next: bool| {
-        Message::from_item(
-            raw,
-            role,
-            None,
-            Vec::new(),
-            None,
-            Some(raw),
-            binds_next,
-            &Responses,
-        )
-    };
+    let call = |id, name, arguments, opaque| call_item(raw, id, name, arguments, opaque);
+    let answer = |id, output, opaque| answer_item(raw, id, output, opaque);
+    let whole = |role, binds_next| whole_item(raw, role, binds_next);
     let kind = item.kind.as_deref().unwrap_or("message");
     Ok(match kind {
         "message" => {
             let role = required(item.role, "role")?;
+            let responses = &Responses;
             Message::from_item(
                 raw,
                 role,
                 item.content,
-                Vec::new(),
+                vec![],
                 None,
                 None,
                 false,
-                &Responses,
+                responses,
             )
         }
         "function_call" | "custom_tool_call" => {
@@ -351,6 +310,66 @@ fn item_message<'a>(raw: &'a str, item: ItemView<'a>) -> Result<Message<'a>, Unp
         // calls with their output, compaction) and kinds this version does not know.
         other => whole(Cow::Owned(other.to_string()), false),
     })
+}
+
+// The shapes an item takes in the message view: a call the assistant made, the answer to one,
+// an item kept whole and never read (opaque).
+
+fn call_item<'a>(
+    raw: &'a str,
+    id: Cow<'a, str>,
+    name: Cow<'a, str>,
+    arguments: Option<&'a str>,
+    opaque: Option<&'a str>,
+) -> Message<'a> {
+    let call = ToolCall {
+        id,
+        name,
+        arguments_raw: arguments.map(crate::compaction::planner::conversation::Json::of),
+    };
+    let assistant = Cow::Borrowed("assistant");
+    Message::from_item(
+        raw,
+        assistant,
+        None,
+        vec![call],
+        None,
+        opaque,
+        false,
+        &Responses,
+    )
+}
+
+fn answer_item<'a>(
+    raw: &'a str,
+    id: Cow<'a, str>,
+    output: Option<&'a str>,
+    opaque: Option<&'a str>,
+) -> Message<'a> {
+    let tool = Cow::Borrowed("tool");
+    Message::from_item(
+        raw,
+        tool,
+        output,
+        vec![],
+        Some(id),
+        opaque,
+        false,
+        &Responses,
+    )
+}
+
+fn whole_item<'a>(raw: &'a str, role: Cow<'a, str>, binds_next: bool) -> Message<'a> {
+    Message::from_item(
+        raw,
+        role,
+        None,
+        vec![],
+        None,
+        Some(raw),
+        binds_next,
+        &Responses,
+    )
 }
 
 /// The Responses front-end.

@@ -348,16 +348,11 @@ impl CompactionEngine {
             reactive,
             summary_prompt,
         } = asked;
-        let planner = &self.inner.planner;
-        let front_end = api;
         let control = match self.control(headers, &body, caller, api, reactive.is_some()) {
             Ok(control) => control,
             Err(reason) => return Ok(Compacted::original(body, Outcome::uncounted(reason))),
         };
-        let notice_mode = match control::notice_mode(headers, planner.config.notice) {
-            NoticeMode::Chunk if !front_end.notice_chunk_fits() => NoticeMode::Comment,
-            mode => mode,
-        };
+        let notice_mode = self.notice_mode(headers, api);
         let credentials = Credentials::of(caller, headers);
         let ask = Ask {
             credentials: &credentials,
@@ -416,6 +411,15 @@ impl CompactionEngine {
             ),
         };
         self.fits(result, window)
+    }
+
+    /// The notice form for this request: asked for, else configured; a chunk only where the
+    /// API's stream can carry one.
+    fn notice_mode(&self, headers: &HeaderMap, api: &'static dyn FrontEnd) -> NoticeMode {
+        match control::notice_mode(headers, self.inner.planner.config.notice) {
+            NoticeMode::Chunk if !api.notice_chunk_fits() => NoticeMode::Comment,
+            mode => mode,
+        }
     }
 
     /// The control a request is planned under; or why it goes as it is before it is parsed:
