@@ -4,8 +4,8 @@
 //!   keeping (`skills`), the `clear_tool_outputs` stage (`clearing`), what to summarize and keep
 //!   (`plan`), the proof from byte length alone (`size_bound`), the splice (`rewrite`), cache
 //!   keys (`digest`).
-//! - `front_ends`: one file per API behind one trait, how its body reads as a conversation
-//!   and how a summary is written back into it. `Api` is matched there only.
+//! - `front_end`: the trait each API's folder (`crate::apis`) implements: how its body reads
+//!   as a conversation and how a summary is written back into it. Compaction names no API.
 //! - `summaries`: making and keeping summaries: the summarizer's prompt (`summary_input`) and
 //!   call (`summarizer`), what it may cost (`budget`), one call per prefix (`single_flight`),
 //!   the sticky cache (`cache`) and its shared tier (`redis_tier`).

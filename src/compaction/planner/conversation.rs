@@ -87,7 +87,7 @@ impl<'a> ToolCall<'a> {
 }
 
 /// What the planner needs from the API a conversation was read from. The planner declares it;
-/// each front-end (`compaction::front_ends`) implements it, so the planner never names an API.
+/// each API's front-end (`crate::apis`) implements it, so the planner never names an API.
 pub trait Dialect: Sync + std::fmt::Debug {
     /// Reads one message made anew (a cleared copy) the way the body's own were read.
     fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>>;
