@@ -6,7 +6,7 @@ use sha2::{Digest as _, Sha256};
 use wildmatch::WildMatch;
 
 use crate::config::{AuthConfig, ClientKeyConfig};
-use crate::headers::{API_KEY, X_API_KEY};
+use crate::headers::{API_KEY, X_API_KEY, X_GOOG_API_KEY};
 
 /// A configured client key, as the request path sees it.
 pub struct ClientKey {
@@ -109,7 +109,7 @@ impl Auth {
     }
 }
 
-/// The key in `Authorization: Bearer …`, else `x-api-key`, else `api-key`.
+/// The key in `Authorization: Bearer …`, else `x-api-key`, `api-key` or `x-goog-api-key`.
 fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
     if let Some(value) = headers.get(AUTHORIZATION) {
         let bytes = value.as_bytes();
@@ -117,7 +117,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
             return Some(bytes[7..].trim_ascii()).filter(|k| !k.is_empty());
         }
     }
-    [X_API_KEY, API_KEY]
+    [X_API_KEY, API_KEY, X_GOOG_API_KEY]
         .iter()
         .filter_map(|name| headers.get(name))
         .map(|value| value.as_bytes().trim_ascii())

@@ -32,8 +32,16 @@ pub const OWN_PREFIX: &str = "x-compactor-";
 pub const API_KEY: HeaderName = HeaderName::from_static("api-key");
 /// Anthropic's (and some gateways') key header.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// Google's key header.
+pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
 /// The headers that carry a client's credential, in the order they identify a tenant.
-pub const CREDENTIALS: [HeaderName; 3] = [header::AUTHORIZATION, API_KEY, X_API_KEY];
+pub const CREDENTIALS: [HeaderName; CREDENTIAL_COUNT] =
+    [header::AUTHORIZATION, API_KEY, X_API_KEY, X_GOOG_API_KEY];
+pub const CREDENTIAL_COUNT: usize = 4;
+/// The credentials a tenant was always named by; one added later joins the name only when a
+/// client sends it, so the tenants (and the summaries cached for them) of clients that do not
+/// stay what they were.
+pub const FIRST_CREDENTIALS: usize = 3;
 
 /// Headers that describe one connection rather than the message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 9] = [

@@ -29,6 +29,17 @@ pub trait Provider: Sync + Send {
     /// Whether a path under the listen prefix is one of its API's.
     fn owns_path(&self, rest: &str) -> bool;
 
+    /// Whether a whole request path is one of its API's wherever the listen prefix is (an API
+    /// whose paths carry their own version); it is then forwarded as it came.
+    fn claims_whole_path(&self, _path: &str) -> bool {
+        false
+    }
+
+    /// The model a path names, for an API that puts it there rather than in the body.
+    fn path_model<'p>(&self, _rest: &'p str) -> Option<&'p str> {
+        None
+    }
+
     /// The header an upstream's own key is sent in, and the header's value for `key`.
     fn credential(&self, key: &str) -> (HeaderName, String);
 

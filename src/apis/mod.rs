@@ -10,6 +10,7 @@ use crate::provider::Provider;
 use crate::served::Contracts;
 
 pub mod chat;
+pub mod gemini;
 pub mod messages;
 pub mod responses;
 pub mod summarizer;
@@ -73,7 +74,11 @@ impl Api {
 
 /// Every provider family, in the order paths are claimed: OpenAI's, which takes every path no
 /// other claims, last.
-const PROVIDERS: [&dyn Provider; 2] = [&messages::provider::Anthropic, &chat::provider::OpenAi];
+const PROVIDERS: [&dyn Provider; 3] = [
+    &messages::provider::Anthropic,
+    &gemini::provider::Gemini,
+    &chat::provider::OpenAi,
+];
 
 /// The wire of the upstreams with `api: family`.
 pub fn provider(family: UpstreamApi) -> &'static dyn Provider {
@@ -89,4 +94,11 @@ pub fn provider_for_path(rest: &str) -> &'static dyn Provider {
         .into_iter()
         .find(|provider| provider.owns_path(rest))
         .unwrap_or(&chat::provider::OpenAi)
+}
+
+/// The family that claims a whole request path wherever the listen prefix is, if one does.
+pub fn provider_claiming(path: &str) -> Option<&'static dyn Provider> {
+    PROVIDERS
+        .into_iter()
+        .find(|provider| provider.claims_whole_path(path))
 }

@@ -28,6 +28,7 @@ use crate::usage::UsageTap;
 fn wire(upstream: UpstreamApi, asked: SummarizerApi) -> &'static dyn SummaryWire {
     match (upstream, asked) {
         (UpstreamApi::Anthropic, _) => &super::messages::wire::MessagesWire,
+        (UpstreamApi::Gemini, _) => &super::gemini::wire::GeminiWire,
         (UpstreamApi::Openai, SummarizerApi::ChatCompletions) => &super::chat::wire::ChatWire,
         (UpstreamApi::Openai, SummarizerApi::Responses) => &super::responses::wire::ResponsesWire,
     }
@@ -111,7 +112,7 @@ fn http_request(
     payload: Value,
 ) -> Result<Request<crate::body::ProxyBody>, SummaryError> {
     let uri = upstream
-        .url_for(wire.path(), None)
+        .url_for(&wire.path(&request.call.model), None)
         .map_err(|e| SummaryError::Transport(e.to_string()))?;
     let mut builder = Request::builder()
         .method(Method::POST)

@@ -7,7 +7,7 @@ use serde_json::Value;
 /// How one API asks for a summary and reads the answer.
 pub trait SummaryWire: Sync {
     /// The path under the upstream's base URL.
-    fn path(&self) -> &'static str;
+    fn path(&self, model: &str) -> String;
 
     /// The request body for `prompt`.
     fn payload(&self, model: &str, max_tokens: u64, prompt: &str) -> Value;

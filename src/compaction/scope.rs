@@ -4,11 +4,11 @@
 
 use std::net::IpAddr;
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::compaction::planner::digest::{hash_parts, Digest};
 use crate::config::SummarizationConfig;
-use crate::headers::CREDENTIALS;
+use crate::headers::{CREDENTIALS, CREDENTIAL_COUNT, FIRST_CREDENTIALS};
 
 /// Who sent a request, as compaction needs to know.
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,7 +53,7 @@ pub enum Credentials {
     /// Auth off: the headers, and the address they came from, since anyone may send any
     /// headers.
     Headers {
-        values: [Option<HeaderValue>; 3],
+        values: [Option<HeaderValue>; CREDENTIAL_COUNT],
         address: Option<IpAddr>,
     },
 }
@@ -100,13 +100,21 @@ impl Credentials {
                 hash_parts([b"key".as_slice(), name.as_bytes(), digest])
             }
             Credentials::Headers { values, .. } => {
-                let values = values
+                let names = CREDENTIALS;
+                let named: Vec<(&HeaderName, Option<&HeaderValue>)> = names
                     .iter()
-                    .map(|value| value.as_ref().map(HeaderValue::as_bytes).unwrap_or(b""));
+                    .zip(values.iter().map(Option::as_ref))
+                    .enumerate()
+                    .filter(|(i, (_, value))| *i < FIRST_CREDENTIALS || value.is_some())
+                    .map(|(_, pair)| pair)
+                    .collect();
+                let values = named
+                    .iter()
+                    .map(|(_, value)| value.map(HeaderValue::as_bytes).unwrap_or(b""));
                 hash_parts(
-                    CREDENTIALS
+                    named
                         .iter()
-                        .map(|n| n.as_str().as_bytes())
+                        .map(|(name, _)| name.as_str().as_bytes())
                         .chain(values),
                 )
             }
@@ -137,6 +145,34 @@ pub fn fingerprint(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_credential_added_later_names_a_tenant_only_when_it_is_sent() {
+        let caller = Caller {
+            key: None,
+            key_digest: None,
+            may_force: false,
+            may_instruct: false,
+            address: None,
+        };
+        let tenant = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            Credentials::of(caller, &headers).tenant()
+        };
+        // The tenant a client without Google's header had before that header was read.
+        let before = hash_parts(
+            [b"authorization".as_slice(), b"api-key", b"x-api-key"]
+                .into_iter()
+                .chain([b"Bearer a".as_slice(), b"", b""]),
+        );
+        assert_eq!(tenant(&[("authorization", "Bearer a")]), before);
+        let google = tenant(&[("x-goog-api-key", "g")]);
+        assert_ne!(google, tenant(&[("x-goog-api-key", "h")]));
+        assert_ne!(google, tenant(&[]));
+    }
 
     #[test]
     fn scopes_never_share_keys() {

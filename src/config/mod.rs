@@ -169,8 +169,9 @@ pub struct UpstreamConfig {
     pub name: String,
     /// Base URL including the API version path, e.g. `https://api.openai.com/v1`.
     pub base_url: String,
-    /// The API this upstream speaks: `openai` (chat completions, Responses) or `anthropic`
-    /// (Messages). It decides how its key is sent and how the summarizer calls it.
+    /// The API this upstream speaks: `openai` (chat completions, Responses), `anthropic`
+    /// (Messages) or `gemini` (`generateContent`). It decides how its key is sent and how the
+    /// summarizer calls it.
     pub api: UpstreamApi,
     /// When set and non-empty, replaces the client's credential: `Authorization: Bearer
     /// <api_key>` for `openai`, `x-api-key: <api_key>` for `anthropic`.
@@ -276,6 +277,7 @@ pub enum UpstreamApi {
     #[default]
     Openai,
     Anthropic,
+    Gemini,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

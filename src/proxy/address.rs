@@ -41,7 +41,10 @@ pub(super) fn address(
     log: &mut RequestLog,
 ) -> Result<Addressed, ProxyError> {
     let path = checked_path(&request)?;
-    let Some(rest) = forwarded_path(&config.prefix, &path) else {
+    // An API whose paths carry their own version (Gemini's `/v1beta/models/…`) is forwarded
+    // by its whole path, wherever the listen prefix is.
+    let whole = crate::apis::provider_claiming(&path).map(|_| path.as_str());
+    let Some(rest) = whole.or_else(|| forwarded_path(&config.prefix, &path)) else {
         // Clients probe the address they were given before using it (Claude Code sends
         // `HEAD /api/hello`): compactor is what answers there.
         if request.method() == Method::HEAD {

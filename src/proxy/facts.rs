@@ -30,6 +30,8 @@ pub(super) struct Facts<'c> {
     pub contracts: Option<&'static dyn Contracts>,
     /// Its upstream family, by path.
     pub family: UpstreamApi,
+    /// The model its path names (Gemini's), read there instead of from the body.
+    pub path_model: Option<String>,
     /// Whether routing or the key's model list needs the body's model.
     pub needs_model: bool,
     /// The key may use some models only: whatever the method or content type, the body is read
@@ -71,15 +73,19 @@ pub(super) fn classify<'c>(
     let post = *method == Method::POST;
     let api = Some(rest).filter(|_| post).and_then(Api::for_path);
     log.route = api.map_or(Route::Other, |api| Route::Api(api.label()));
-    let family = apis::provider_for_path(rest).family();
-    let restricted = key.is_some_and(|k| k.restricts_models());
+    let provider = apis::provider_for_path(rest);
+    let family = provider.family();
+    let path_model = provider.path_model(rest).map(str::to_string);
+    let restricted = key.is_some_and(|k| k.restricts_models()) && path_model.is_none();
     Facts {
         key,
         api,
         contracts: Some(rest).filter(|_| post).and_then(Api::contracts_for),
         family,
-        needs_model: current.upstreams.routing_needs_model(family) || restricted,
+        needs_model: path_model.is_none()
+            && (current.upstreams.routing_needs_model(family) || restricted),
         restricted,
+        path_model,
     }
 }
 
@@ -149,6 +155,15 @@ pub(super) fn route<'c>(
     // Skimming the model is a pass over the whole body: only paid for when routing or the
     // key's model list needs it (compaction reads the body on its own terms).
     let model = match (inbound, facts.key) {
+        _ if facts.path_model.is_some() => {
+            let model = facts.path_model.clone();
+            if let (Some(key), Some(model)) = (facts.key, &model) {
+                if !key.allows_model(model) {
+                    return Err(ProxyError::ModelNotAllowed(model.clone()));
+                }
+            }
+            model
+        }
         (Inbound::Buffered(bytes), Some(key)) if facts.restricted => {
             let model = restricted_model(bytes)?;
             if let Some(model) = &model {

@@ -48,9 +48,10 @@ pub async fn handle(
     let current = app.current();
     let config = &current.generation.config;
     // Errors answer in the shape of the API the path belongs to.
-    let provider = apis::provider_for_path(
-        forwarded_path(&config.prefix, request.uri().path()).unwrap_or_default(),
-    );
+    let path = request.uri().path();
+    let provider = apis::provider_claiming(path).unwrap_or_else(|| {
+        apis::provider_for_path(forwarded_path(&config.prefix, path).unwrap_or_default())
+    });
     let span = telemetry::request_span(request.method(), request.uri().path(), request.headers());
     let mut log = RequestLog {
         method: request.method().clone(),

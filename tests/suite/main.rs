@@ -10,6 +10,7 @@ mod counting;
 mod eval;
 mod front_ends;
 mod gateway;
+mod gemini;
 mod hardening;
 mod helm_chart;
 mod messages;

@@ -7,8 +7,8 @@ use crate::apis::summary_wire::SummaryWire;
 pub struct ChatWire;
 
 impl SummaryWire for ChatWire {
-    fn path(&self) -> &'static str {
-        "/chat/completions"
+    fn path(&self, _model: &str) -> String {
+        "/chat/completions".to_string()
     }
 
     fn payload(&self, model: &str, max_tokens: u64, prompt: &str) -> Value {

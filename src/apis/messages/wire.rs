@@ -13,8 +13,8 @@ const BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 pub struct MessagesWire;
 
 impl SummaryWire for MessagesWire {
-    fn path(&self) -> &'static str {
-        "/messages"
+    fn path(&self, _model: &str) -> String {
+        "/messages".to_string()
     }
 
     fn payload(&self, model: &str, max_tokens: u64, prompt: &str) -> Value {

@@ -7,8 +7,8 @@ use crate::apis::summary_wire::SummaryWire;
 pub struct ResponsesWire;
 
 impl SummaryWire for ResponsesWire {
-    fn path(&self) -> &'static str {
-        "/responses"
+    fn path(&self, _model: &str) -> String {
+        "/responses".to_string()
     }
 
     // Not stored upstream: the summary is compactor's, not a response the user made.
