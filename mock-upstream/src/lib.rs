@@ -54,6 +54,7 @@ use tokio::sync::Notify;
 
 pub mod agent;
 pub mod anthropic;
+pub mod gemini;
 pub mod window;
 
 /// The error type of every body the mock serves.
@@ -435,6 +436,11 @@ async fn serve_request(
     if !options.native_compaction && path.ends_with("/responses/compact") {
         let body = json!({"detail": "Not Found"}).to_string();
         return Ok(full(StatusCode::NOT_FOUND, "application/json", body));
+    }
+    if parts.method == Method::POST {
+        if let Some((model, method)) = gemini::call_of(&path) {
+            return Ok(gemini_reply(&state, &parts, &body, model, method));
+        }
     }
     let responses_api = parts.method == Method::POST && path.ends_with("/responses");
     let messages_api = parts.method == Method::POST && path.ends_with("/messages");
@@ -898,6 +904,44 @@ fn completion_json(id: &str, model: &str, reply: &Reply, request: &Value) -> Val
         "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
         "usage": usage(request, chars),
     })
+}
+
+/// A Gemini model call: refused as Google refuses it, else the fixed answer, whole or
+/// streamed (SSE with `alt=sse`, else one JSON array).
+fn gemini_reply(
+    state: &MockState,
+    parts: &http::request::Parts,
+    body: &[u8],
+    model: &str,
+    method: &str,
+) -> Response<MockBody> {
+    let query = parts.uri.query().unwrap_or_default();
+    let has_key = parts.headers.contains_key("x-goog-api-key")
+        || query.split('&').any(|pair| pair.starts_with("key="));
+    if let Some((status, error)) = gemini::refusal(has_key, body) {
+        state.rejections.fetch_add(1, Ordering::SeqCst);
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        return full(status, "application/json", error.to_string());
+    }
+    state.chat_calls.fetch_add(1, Ordering::SeqCst);
+    match method {
+        "streamGenerateContent" if query.split('&').any(|pair| pair == "alt=sse") => {
+            let events: String = gemini::stream_chunks(model)
+                .iter()
+                .map(|chunk| format!("data: {chunk}\r\n\r\n"))
+                .collect();
+            full(StatusCode::OK, "text/event-stream", events)
+        }
+        "streamGenerateContent" => {
+            let array = Value::Array(gemini::stream_chunks(model));
+            full(StatusCode::OK, "application/json", array.to_string())
+        }
+        _ => full(
+            StatusCode::OK,
+            "application/json",
+            gemini::answer(model).to_string(),
+        ),
+    }
 }
 
 fn sse(value: &Value) -> Bytes {

@@ -1,0 +1,101 @@
+//! Gemini's `generateContent` as the mock plays it: a fixed answer, whole, as SSE
+//! (`alt=sse`) or as the one JSON array Google streams without it; and what Google refuses
+//! before it answers: a call without an API key (`x-goog-api-key` or `key`), a body whose
+//! `contents` are not turns of `user` and `model` holding `parts`.
+
+use serde_json::{json, Value};
+
+/// The answer's text.
+pub const REPLY: &str = "Hello from Gemini.";
+
+/// The model and method of a Gemini model call's path (`/v1beta/models/{m}:{method}`).
+pub fn call_of(path: &str) -> Option<(&str, &str)> {
+    let call = path.rsplit('/').next()?;
+    let (model, method) = call.split_once(':')?;
+    path.contains("/models/").then_some((model, method))
+}
+
+/// Why Google would refuse the call, in its error shape, with the status.
+pub fn refusal(has_key: bool, body: &[u8]) -> Option<(u16, Value)> {
+    let error = |code: u16, status: &str, message: &str| {
+        Some((
+            code,
+            json!({"error": {"code": code, "message": message, "status": status}}),
+        ))
+    };
+    if !has_key {
+        return error(403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.");
+    }
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.");
+    };
+    let turns_valid = request
+        .get("contents")
+        .and_then(Value::as_array)
+        .is_some_and(|turns| {
+            turns.iter().all(|turn| {
+                matches!(
+                    turn.get("role").and_then(Value::as_str),
+                    None | Some("user" | "model")
+                ) && turn.get("parts").and_then(Value::as_array).is_some()
+            })
+        });
+    if !turns_valid {
+        return error(
+            400,
+            "INVALID_ARGUMENT",
+            "* GenerateContentRequest.contents: contents is not specified or not turns of parts",
+        );
+    }
+    None
+}
+
+/// One response object with `text`, the last of a stream carrying the finish and the usage.
+fn chunk(model: &str, text: &str, last: bool) -> Value {
+    let mut candidate =
+        json!({"content": {"role": "model", "parts": [{"text": text}]}, "index": 0});
+    let mut response = json!({"modelVersion": model, "responseId": "mock-gemini"});
+    if last {
+        candidate["finishReason"] = json!("STOP");
+        response["usageMetadata"] =
+            json!({"promptTokenCount": 8, "candidatesTokenCount": 4, "totalTokenCount": 12});
+    }
+    response["candidates"] = json!([candidate]);
+    response
+}
+
+/// The whole answer.
+pub fn answer(model: &str) -> Value {
+    chunk(model, REPLY, true)
+}
+
+/// The answer streamed: two chunks.
+pub fn stream_chunks(model: &str) -> Vec<Value> {
+    let (first, rest) = REPLY.split_at(6);
+    vec![chunk(model, first, false), chunk(model, rest, true)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn google_refuses_a_call_without_a_key_or_with_contents_that_are_not_turns() {
+        let turns = br#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}"#;
+        assert_eq!(refusal(true, turns), None);
+        assert_eq!(refusal(false, turns).map(|(code, _)| code), Some(403));
+        for bad in [
+            &br#"{"contents":[{"role":"assistant","parts":[]}]}"#[..],
+            br#"{"contents":[{"role":"user"}]}"#,
+            br#"{"messages":[]}"#,
+            b"not json",
+        ] {
+            assert_eq!(refusal(true, bad).map(|(code, _)| code), Some(400));
+        }
+        assert_eq!(
+            call_of("/v1beta/models/gemini-2.5-pro:streamGenerateContent"),
+            Some(("gemini-2.5-pro", "streamGenerateContent"))
+        );
+        assert_eq!(call_of("/v1/chat/completions"), None);
+    }
+}
