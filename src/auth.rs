@@ -72,7 +72,8 @@ pub struct Auth {
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthFailure {
-    /// No key in `Authorization: Bearer`, `x-api-key` or `api-key`.
+    /// No key in `Authorization: Bearer`, `x-api-key`, `api-key`, `x-goog-api-key` or a
+    /// `key` query parameter.
     Missing,
     /// A key that matches none configured.
     Unknown,
@@ -91,8 +92,16 @@ impl Auth {
 
     /// The key a request presents. Every configured key is compared, without an early exit, so
     /// the time taken says nothing about which key came close.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<&ClientKey, AuthFailure> {
-        let presented = presented_key(headers).ok_or(AuthFailure::Missing)?;
+    /// `query_key`: a `key` query parameter, where Google's clients put their key when they
+    /// send no header.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        query_key: Option<&str>,
+    ) -> Result<&ClientKey, AuthFailure> {
+        let presented = presented_key(headers)
+            .or_else(|| query_key.map(str::as_bytes).filter(|key| !key.is_empty()))
+            .ok_or(AuthFailure::Missing)?;
         let digest: [u8; 32] = Sha256::digest(presented).into();
         let mut found = None;
         for key in &self.keys {
@@ -164,23 +173,23 @@ mod tests {
     #[test]
     fn keys_are_found_in_every_header_form_and_by_hash() {
         let auth = auth();
-        let alice = auth.authenticate(&headers("authorization", "Bearer sk-alice"));
+        let alice = auth.authenticate(&headers("authorization", "Bearer sk-alice"), None);
         assert_eq!(alice.map(|k| k.name.as_str()), Ok("alice"));
-        let bob = auth.authenticate(&headers("x-api-key", "sk-hashed"));
+        let bob = auth.authenticate(&headers("x-api-key", "sk-hashed"), None);
         assert_eq!(bob.map(|k| k.name.as_str()), Ok("bob"));
-        let azure = auth.authenticate(&headers("api-key", "sk-alice"));
+        let azure = auth.authenticate(&headers("api-key", "sk-alice"), None);
         assert_eq!(azure.map(|k| k.name.as_str()), Ok("alice"));
         assert_eq!(
-            auth.authenticate(&headers("authorization", "Bearer sk-nope"))
+            auth.authenticate(&headers("authorization", "Bearer sk-nope"), None)
                 .err(),
             Some(AuthFailure::Unknown)
         );
         assert_eq!(
-            auth.authenticate(&HeaderMap::new()).err(),
+            auth.authenticate(&HeaderMap::new(), None).err(),
             Some(AuthFailure::Missing)
         );
         assert_eq!(
-            auth.authenticate(&headers("authorization", "Basic sk-alice"))
+            auth.authenticate(&headers("authorization", "Basic sk-alice"), None)
                 .err(),
             Some(AuthFailure::Missing)
         );
@@ -190,13 +199,13 @@ mod tests {
     fn model_restrictions_are_globs() {
         let auth = auth();
         let alice = auth
-            .authenticate(&headers("x-api-key", "sk-alice"))
+            .authenticate(&headers("x-api-key", "sk-alice"), None)
             .unwrap();
         assert!(alice.restricts_models());
         assert!(alice.allows_model("gpt-4o-mini"));
         assert!(!alice.allows_model("o3"));
         let bob = auth
-            .authenticate(&headers("x-api-key", "sk-hashed"))
+            .authenticate(&headers("x-api-key", "sk-hashed"), None)
             .unwrap();
         assert!(!bob.restricts_models());
     }

@@ -155,6 +155,18 @@ pub(super) fn forwarded_query(
     }
 }
 
+/// The `key` query parameter, decoded: Google's clients send their key there when they send
+/// no header.
+pub(super) fn query_key(query: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let value = pair.strip_prefix("key=")?;
+        let value = percent_encoding::percent_decode_str(value)
+            .decode_utf8()
+            .ok()?;
+        Some(value.into_owned())
+    })
+}
+
 fn query_without_credentials(query: &str) -> Option<String> {
     let kept: Vec<&str> = query
         .split('&')

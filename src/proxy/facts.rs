@@ -49,12 +49,14 @@ pub(super) enum Inbound {
 pub(super) fn authorize<'a>(
     auth: &'a Auth,
     headers: &HeaderMap,
+    query: Option<&str>,
     log: &mut RequestLog,
 ) -> Result<Option<&'a ClientKey>, ProxyError> {
     if !auth.enabled() {
         return Ok(None);
     }
-    let key = match auth.authenticate(headers) {
+    let query_key = query.and_then(super::address::query_key);
+    let key = match auth.authenticate(headers, query_key.as_deref()) {
         Ok(key) => key,
         Err(AuthFailure::Missing) => return Err(ProxyError::MissingKey),
         Err(AuthFailure::Unknown) => return Err(ProxyError::UnknownKey),

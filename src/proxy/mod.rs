@@ -96,7 +96,9 @@ async fn proxy(
         Addressed::Here(response) => return Ok(response),
         Addressed::Upstream(addressed) => addressed,
     };
-    let key = authorize(&current.generation.auth, &addressed.parts.headers, log)?;
+    let auth = &current.generation.auth;
+    let query = addressed.query.as_deref();
+    let key = authorize(auth, &addressed.parts.headers, query, log)?;
     if addressed.upgrade {
         return relay_upgrade(app, current, addressed, key, log).await;
     }

@@ -79,6 +79,13 @@ async fn keys_are_checked_against_the_model_in_the_path_and_refused_in_googles_s
         "g-upstream",
         "a compactor key never leaves compactor"
     );
+    // Or in the `key` parameter, with no header: accepted, and the parameter never leaves.
+    let in_query = proxy.url(&format!("{CALL}?key=sk-team&alt=json"));
+    let allowed = roundtrip(&client(), json_request(&in_query, BODY, &[])).await;
+    assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text());
+    let sent = gemini.last_request().unwrap();
+    assert_eq!(sent.path_and_query, format!("{CALL}?alt=json"));
+    assert_eq!(sent.headers["x-goog-api-key"], "g-upstream");
     let other_model = proxy.url("/v1beta/models/gemini-2.5-pro:generateContent");
     for (headers, status, google_status) in [
         (
@@ -102,7 +109,7 @@ async fn keys_are_checked_against_the_model_in_the_path_and_refused_in_googles_s
     }
     assert_eq!(
         gemini.requests().len(),
-        1,
+        2,
         "refused calls never went upstream"
     );
 }
