@@ -35,6 +35,12 @@ pub trait Provider: Sync + Send {
         false
     }
 
+    /// The route label of a model call on its paths that no compaction API reads (its metrics
+    /// then follow the GenAI conventions like the others').
+    fn generation_label(&self, _rest: &str) -> Option<&'static str> {
+        None
+    }
+
     /// The model a path names, for an API that puts it there rather than in the body.
     fn path_model<'p>(&self, _rest: &'p str) -> Option<&'p str> {
         None

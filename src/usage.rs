@@ -2,7 +2,8 @@
 //! and the last few kilobytes are kept (never the whole body), which hold `usage` in every
 //! shape: a chat completion's or Messages reply's `usage` object, the final chunk of a stream
 //! with `include_usage`, Anthropic's `message_start` (input) and `message_delta` (output),
-//! the Responses API's `response.completed`.
+//! the Responses API's `response.completed`, Gemini's `usageMetadata` (in the last chunk of a
+//! stream).
 
 use memchr::memmem;
 
@@ -10,6 +11,14 @@ use memchr::memmem;
 const HEAD: usize = 4 * 1024;
 /// Bytes kept from the end of a body.
 const TAIL: usize = 8 * 1024;
+
+/// The keys an input count goes by: OpenAI's, Anthropic's and Google's (whose count includes
+/// its cached tokens, as OpenAI's does).
+const INPUT_KEYS: [&str; 3] = [
+    "\"prompt_tokens\"",
+    "\"input_tokens\"",
+    "\"promptTokenCount\"",
+];
 
 /// Input and output tokens, as the upstream counted them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,8 +61,12 @@ impl UsageTap {
     /// them as they grow).
     pub fn usage(&self) -> Option<Usage> {
         let usage = Usage {
-            input: self.last(&["\"prompt_tokens\"", "\"input_tokens\""]),
-            output: self.last(&["\"completion_tokens\"", "\"output_tokens\""]),
+            input: self.last(&INPUT_KEYS),
+            output: self.last(&[
+                "\"completion_tokens\"",
+                "\"output_tokens\"",
+                "\"candidatesTokenCount\"",
+            ]),
         };
         (usage.input.is_some() || usage.output.is_some()).then_some(usage)
     }
@@ -62,7 +75,7 @@ impl UsageTap {
     /// read from or written to its prompt cache apart from `input_tokens`; OpenAI's
     /// `prompt_tokens` and `input_tokens` already include the cached ones.
     pub fn input_total(&self) -> Option<u64> {
-        let input = self.last(&["\"prompt_tokens\"", "\"input_tokens\""])?;
+        let input = self.last(&INPUT_KEYS)?;
         let cached = [
             "\"cache_creation_input_tokens\"",
             "\"cache_read_input_tokens\"",

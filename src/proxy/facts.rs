@@ -74,8 +74,11 @@ pub(super) fn classify<'c>(
 ) -> Facts<'c> {
     let post = *method == Method::POST;
     let api = Some(rest).filter(|_| post).and_then(Api::for_path);
-    log.route = api.map_or(Route::Other, |api| Route::Api(api.label()));
     let provider = apis::provider_for_path(rest);
+    let generation = api
+        .map(Api::label)
+        .or_else(|| provider.generation_label(rest).filter(|_| post));
+    log.route = generation.map_or(Route::Other, Route::Api);
     let family = provider.family();
     let path_model = provider.path_model(rest).map(str::to_string);
     let restricted = key.is_some_and(|k| k.restricts_models()) && path_model.is_none();

@@ -113,3 +113,33 @@ async fn keys_are_checked_against_the_model_in_the_path_and_refused_in_googles_s
         "refused calls never went upstream"
     );
 }
+
+#[tokio::test]
+async fn gemini_calls_are_counted_as_model_calls_with_googles_usage() {
+    let (proxy, _openai, _gemini) = gemini_stack(Some("g-upstream"), "").await;
+    for path in [
+        CALL,
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+    ] {
+        let response = roundtrip(&client(), json_request(&proxy.url(path), BODY, &[])).await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    }
+    let metrics = get(&proxy.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(
+            r#"compactor_requests_total{route="gemini",status="200",upstream="gemini"} 2"#
+        ),
+        "{metrics}"
+    );
+    // The mock reports 8 prompt tokens on each call (`usageMetadata.promptTokenCount`).
+    let input_sum = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("gen_ai_client_token_usage_sum")
+                && line.contains(r#"gen_ai_provider_name="gemini""#)
+                && line.contains(r#"gen_ai_token_type="input""#)
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok());
+    assert_eq!(input_sum, Some(16.0), "{metrics}");
+}

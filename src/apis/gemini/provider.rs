@@ -28,6 +28,13 @@ impl Provider for Gemini {
         model_call(path).is_some()
     }
 
+    /// Content generation, streamed or not (not `countTokens` and the like).
+    fn generation_label(&self, rest: &str) -> Option<&'static str> {
+        model_call(rest)
+            .filter(|call| matches!(call.method, "generateContent" | "streamGenerateContent"))
+            .map(|_| "gemini")
+    }
+
     fn path_model<'p>(&self, rest: &'p str) -> Option<&'p str> {
         model_call(rest).map(|call| call.model)
     }
