@@ -42,8 +42,11 @@ pub(super) fn address(
 ) -> Result<Addressed, ProxyError> {
     let path = checked_path(&request)?;
     // An API whose paths carry their own version (Gemini's `/v1beta/models/…`) is forwarded
-    // by its whole path, wherever the listen prefix is.
-    let whole = crate::apis::provider_claiming(&path).map(|_| path.as_str());
+    // by its whole path, wherever the listen prefix is: when an upstream speaks it, so no
+    // other upstream is sent a path outside the prefix.
+    let whole = crate::apis::provider_claiming(&path)
+        .filter(|provider| config.upstreams.iter().any(|u| u.api == provider.family()))
+        .map(|_| path.as_str());
     let Some(rest) = whole.or_else(|| forwarded_path(&config.prefix, &path)) else {
         // Clients probe the address they were given before using it (Claude Code sends
         // `HEAD /api/hello`): compactor is what answers there.

@@ -143,3 +143,20 @@ async fn gemini_calls_are_counted_as_model_calls_with_googles_usage() {
         .and_then(|value| value.parse::<f64>().ok());
     assert_eq!(input_sum, Some(16.0), "{metrics}");
 }
+
+#[tokio::test]
+async fn without_a_gemini_upstream_its_paths_stay_outside_the_prefix() {
+    let openai = echo_mock().await;
+    let proxy = proxy(&config_for(&openai, "")).await;
+    let response = roundtrip(&client(), json_request(&proxy.url(CALL), BODY, &[])).await;
+    assert_eq!(
+        response.status,
+        StatusCode::NOT_FOUND,
+        "{}",
+        response.text()
+    );
+    assert!(
+        openai.requests().is_empty(),
+        "no upstream is sent a path it does not serve"
+    );
+}
