@@ -38,8 +38,8 @@ mod address;
 mod compacting;
 mod facts;
 
-/// The hyper service: never fails; every error becomes an OpenAI-shaped response (an
-/// Anthropic-shaped one on the Messages API's paths).
+/// The hyper service: never fails; every error becomes a response in the shape of the API the
+/// path belongs to (OpenAI's, Anthropic's on `/messages…`, Google's on Gemini's paths).
 pub async fn handle(
     app: Arc<App>,
     request: Request<Incoming>,
@@ -47,7 +47,6 @@ pub async fn handle(
     let started = Instant::now();
     let current = app.current();
     let config = &current.generation.config;
-    // Errors answer in the shape of the API the path belongs to.
     let path = request.uri().path();
     let provider = apis::provider_claiming(path).unwrap_or_else(|| {
         apis::provider_for_path(forwarded_path(&config.prefix, path).unwrap_or_default())
