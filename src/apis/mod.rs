@@ -42,7 +42,7 @@ impl Api {
     pub fn for_path(path: &str) -> Option<Api> {
         Api::ALL
             .into_iter()
-            .find(|api| api.front_end().path() == path)
+            .find(|api| api.front_end().serves_path(path))
     }
 
     pub fn label(self) -> &'static str {

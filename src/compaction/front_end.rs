@@ -21,8 +21,9 @@ pub enum Unplannable {
 }
 
 pub trait FrontEnd: Dialect {
-    /// The path it serves under the API prefix (`POST` only).
-    fn path(&self) -> &'static str;
+    /// Whether it serves a `POST` to this path under the API prefix (a path that names the
+    /// model, as Google's do, is one of a form).
+    fn serves_path(&self, path: &str) -> bool;
 
     /// Its name in metrics and logs.
     fn label(&self) -> &'static str;

@@ -247,8 +247,8 @@ impl Dialect for Chat {
 }
 
 impl FrontEnd for Chat {
-    fn path(&self) -> &'static str {
-        "/chat/completions"
+    fn serves_path(&self, path: &str) -> bool {
+        path == "/chat/completions"
     }
 
     fn label(&self) -> &'static str {

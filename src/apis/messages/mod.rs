@@ -310,8 +310,8 @@ impl Dialect for Messages {
 }
 
 impl FrontEnd for Messages {
-    fn path(&self) -> &'static str {
-        "/messages"
+    fn serves_path(&self, path: &str) -> bool {
+        path == "/messages"
     }
 
     fn label(&self) -> &'static str {

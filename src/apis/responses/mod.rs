@@ -414,8 +414,8 @@ impl Dialect for Responses {
 }
 
 impl FrontEnd for Responses {
-    fn path(&self) -> &'static str {
-        "/responses"
+    fn serves_path(&self, path: &str) -> bool {
+        path == "/responses"
     }
 
     fn label(&self) -> &'static str {
