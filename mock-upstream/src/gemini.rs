@@ -64,9 +64,50 @@ fn chunk(model: &str, text: &str, last: bool) -> Value {
     response
 }
 
-/// The whole answer.
-pub fn answer(model: &str) -> Value {
-    chunk(model, REPLY, true)
+/// The whole answer: the fixed text, or, when the request asks for JSON with a schema (the
+/// Gemini CLI's routing call), an object with every required property of the schema.
+pub fn answer(model: &str, request: &[u8]) -> Value {
+    let schema = serde_json::from_slice::<Value>(request)
+        .ok()
+        .and_then(|request| {
+            let config = request.get("generationConfig")?;
+            let json = config.get("responseMimeType")?.as_str()? == "application/json";
+            json.then(|| {
+                config
+                    .get("responseJsonSchema")
+                    .or_else(|| config.get("responseSchema"))
+                    .cloned()
+                    .unwrap_or(Value::Null)
+            })
+        });
+    match schema {
+        Some(schema) => chunk(model, &schema_instance(&schema).to_string(), true),
+        None => chunk(model, REPLY, true),
+    }
+}
+
+/// The plainest value of a JSON schema (Google's upper-case type names or JSON Schema's).
+fn schema_instance(schema: &Value) -> Value {
+    let kind = schema
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("object")
+        .to_ascii_lowercase();
+    match kind.as_str() {
+        "string" => json!("mock"),
+        "integer" | "number" => json!(1),
+        "boolean" => json!(false),
+        "array" => json!([]),
+        _ => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let object = properties
+                .into_iter()
+                .flatten()
+                .map(|(name, property)| (name.clone(), schema_instance(property)))
+                .collect();
+            Value::Object(object)
+        }
+    }
 }
 
 /// The answer streamed: two chunks.
@@ -97,5 +138,19 @@ mod tests {
             Some(("gemini-2.5-pro", "streamGenerateContent"))
         );
         assert_eq!(call_of("/v1/chat/completions"), None);
+    }
+
+    #[test]
+    fn a_request_for_json_gets_every_property_of_its_schema() {
+        let routing = br#"{"contents":[],"generationConfig":{"responseMimeType":"application/json","responseJsonSchema":{"type":"OBJECT","properties":{"complexity_reasoning":{"type":"STRING"},"complexity_score":{"type":"INTEGER"}}}}}"#;
+        let text = answer("m", routing)["candidates"][0]["content"]["parts"][0]["text"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_default();
+        let object: Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(object["complexity_reasoning"], "mock");
+        assert_eq!(object["complexity_score"], 1);
+        let plain = answer("m", br#"{"contents":[]}"#);
+        assert_eq!(plain["candidates"][0]["content"]["parts"][0]["text"], REPLY);
     }
 }

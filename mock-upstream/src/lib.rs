@@ -939,7 +939,7 @@ fn gemini_reply(
         _ => full(
             StatusCode::OK,
             "application/json",
-            gemini::answer(model).to_string(),
+            gemini::answer(model, body).to_string(),
         ),
     }
 }

@@ -3,14 +3,18 @@ their whole path and forwarded to an `api: gemini` upstream with its own key, wh
 streamed. (Gemini conversations are forwarded, not yet compacted.)"""
 
 import json
+import os
+import subprocess
 import urllib.request
 
 import pytest
 from google import genai
 from google.genai import types
 
-from conftest import start_compactor
+from conftest import ROOT, start_compactor
 
+# The Gemini CLI, pinned in tests/agents/package.json (scripts/test.sh installs it).
+GEMINI_CLI = ROOT / "tests" / "agents" / "node_modules" / ".bin" / "gemini"
 MODEL = "gemini-2.5-flash"
 REPLY = "Hello from Gemini."
 
@@ -76,3 +80,45 @@ def test_a_function_call_turn_goes_through(gemini_proxy, mock_upstream):
     reply = gemini.models.generate_content(model=MODEL, contents=contents)
     assert reply.text == REPLY
     assert rejections(mock_upstream) == before
+
+
+def test_the_gemini_cli_answers_through_compactor_with_its_defaults(gemini_proxy, mock_upstream, tmp_path):
+    """Gemini CLI 0.61.0 headless, its defaults: a routing call (JSON-schema output) then the
+    streamed agent turn, both through compactor to the mock with the upstream's key."""
+    if not GEMINI_CLI.exists():
+        pytest.fail(f"{GEMINI_CLI} is missing: scripts/test.sh installs the agent CLIs (npm in tests/agents)")
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    # With the environment alone, headless mode refuses the auth type: the settings choose it.
+    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
+    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("GEMINI_", "GOOGLE_"))
+    }
+    env.update(
+        HOME=str(home),
+        GEMINI_CLI_TRUST_WORKSPACE="true",
+        GOOGLE_GEMINI_BASE_URL=gemini_proxy.url,
+        GEMINI_API_KEY="client-key",
+    )
+    before = rejections(mock_upstream)
+    run = subprocess.run(
+        [str(GEMINI_CLI), "-p", "say hi", "-o", "json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    output = json.loads(run.stdout)
+    assert output["response"] == REPLY
+    calls = output["stats"]["models"].values()
+    assert sum(model["api"]["totalErrors"] for model in calls) == 0
+    assert sum(model["api"]["totalRequests"] for model in calls) >= 2, "routing, then the turn"
+    assert rejections(mock_upstream) == before
+
