@@ -12,7 +12,7 @@
 //! verbatim after the summary when the cut passes it (it takes no part in the alternation).
 //!
 //! Requests the provider compacts itself are left alone (unless compactor serves the contract
-//! for the upstream: `crate::native`): a `context_management` edit of a
+//! for the upstream: [`served`]): a `context_management` edit of a
 //! `compact_*` type, and a history already holding a `compaction` block. Context *editing*
 //! (`clear_thinking_*`, `clear_tool_uses_*`) is forwarded as sent and the request is compacted
 //! as usual: the edits apply to what compactor forwards, and the latest assistant turn, whose
