@@ -160,3 +160,20 @@ async fn without_a_gemini_upstream_its_paths_stay_outside_the_prefix() {
         "no upstream is sent a path it does not serve"
     );
 }
+
+#[tokio::test]
+async fn listing_gemini_models_goes_to_the_gemini_upstream_and_openais_list_stays_openais() {
+    let (proxy, openai, gemini) = gemini_stack(Some("g-upstream"), "").await;
+    for (path, upstream) in [("/v1beta/models", &gemini), ("/v1/models", &openai)] {
+        let response = get(&proxy.url(path)).await;
+        assert_eq!(
+            response.status,
+            StatusCode::OK,
+            "{path}: {}",
+            response.text()
+        );
+        assert_eq!(upstream.last_request().unwrap().path_and_query, path);
+    }
+    assert_eq!(gemini.requests().len(), 1);
+    assert_eq!(openai.requests().len(), 1);
+}

@@ -17,6 +17,16 @@ pub struct ModelCall<'p> {
 /// The versions Google serves its API under.
 const VERSIONS: [&str; 3] = ["v1", "v1beta", "v1alpha"];
 
+/// Whether a whole request path is Google's: a model call under any of its versions, anything
+/// under the versions only Google uses (listing models, files, cached contents), and Vertex's
+/// project paths. OpenAI's own `/v1/models` stays OpenAI's.
+pub fn is_google_path(path: &str) -> bool {
+    let only_google = ["/v1beta", "/v1alpha"]
+        .iter()
+        .any(|version| path == *version || path.starts_with(&format!("{version}/")));
+    only_google || path.starts_with("/v1/projects/") || model_call(path).is_some()
+}
+
 /// The model and method of a Gemini path: `/{version}/models/{model}:{method}`, or Vertex's
 /// `/{version}/projects/{p}/locations/{l}/publishers/google/models/{model}:{method}`.
 pub fn model_call(path: &str) -> Option<ModelCall<'_>> {
@@ -44,6 +54,27 @@ pub fn model_call(path: &str) -> Option<ModelCall<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn googles_paths_are_its_model_calls_its_own_versions_and_vertex_projects() {
+        for google in [
+            "/v1beta/models",
+            "/v1beta/models/gemini-2.5-pro",
+            "/v1beta/files",
+            "/v1/models/gemini-2.5-pro:countTokens",
+            "/v1/projects/p/locations/l/publishers/google/models/m:generateContent",
+        ] {
+            assert!(is_google_path(google), "{google}");
+        }
+        for other in [
+            "/v1/models",
+            "/v1/models/gpt-4o",
+            "/v1/chat/completions",
+            "/v1betas",
+        ] {
+            assert!(!is_google_path(other), "{other}");
+        }
+    }
 
     #[test]
     fn the_model_and_method_are_read_from_every_path_form() {

@@ -5,7 +5,7 @@ use http::header::HeaderName;
 use http::StatusCode;
 use serde_json::json;
 
-use super::model_call;
+use super::{is_google_path, model_call};
 use crate::config::UpstreamApi;
 use crate::provider::{ErrorFacts, Provider};
 
@@ -19,13 +19,13 @@ impl Provider for Gemini {
     }
 
     fn owns_path(&self, rest: &str) -> bool {
-        model_call(rest).is_some()
+        is_google_path(rest)
     }
 
     /// Gemini's paths carry their version (`/v1beta/models/…`): claimed whole, wherever the
     /// listen prefix is.
     fn claims_whole_path(&self, path: &str) -> bool {
-        model_call(path).is_some()
+        is_google_path(path)
     }
 
     /// Content generation, streamed or not (not `countTokens` and the like).
