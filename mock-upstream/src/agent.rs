@@ -1,6 +1,6 @@
 //! Agent mode (`--mode agent`): the mock plays the model behind a real coding agent (Claude Code
-//! on the Messages API, Codex on the Responses API), so the CLIs run a scripted loop of tool
-//! steps through compactor. Each step reads a file of `--agent-files` with the tool the client
+//! on the Messages API, Codex on the Responses API, the Gemini CLI on `generateContent`), so the
+//! CLIs run a scripted loop of tool steps through compactor. Each step reads a file of `--agent-files` with the tool the client
 //! declared (Claude Code's `Read`, Codex's `exec` running `exec_command`), every third step two
 //! files at once where the client allows parallel calls, with thinking or a reasoning item first
 //! when the request asks for it. After `--agent-steps` steps it answers
@@ -98,6 +98,40 @@ fn next_move(script: &AgentScript, body: &[u8], parallel: bool, tools: bool) -> 
 
 fn event(kind: &str, data: Value) -> Bytes {
     Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+}
+
+/// Gemini: the parts of this step's model turn: one call of the client's `read_file` (two every
+/// third step), the first signed as Google signs it, or the final text. A request that declares
+/// no `read_file` is a side request of the client's own.
+pub fn gemini_parts(script: &AgentScript, request: &Value, body: &[u8]) -> Vec<Value> {
+    let reads = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|tool| tool.get("functionDeclarations").and_then(Value::as_array))
+        .flatten()
+        .any(|declaration| declaration.get("name").and_then(Value::as_str) == Some("read_file"));
+    if !reads {
+        return vec![json!({"text": "Noted."})];
+    }
+    let (step, action) = next_move(script, body, true, true);
+    match action {
+        Move::Done(steps) => vec![json!({"text": format!("AGENT-DONE steps={steps}")})],
+        Move::LostTools => vec![json!({"text": format!("AGENT-LOST-TOOLS at step {step}")})],
+        Move::Read(files) => files
+            .iter()
+            .enumerate()
+            .map(|(k, file)| {
+                let id = format!("{STEP_MARK}{step:02}_{}", k + 1);
+                let mut part = json!({"functionCall": {"name": "read_file", "args": {"file_path": file}, "id": id}});
+                if k == 0 {
+                    part["thoughtSignature"] = json!(crate::gemini::signature(&id));
+                }
+                part
+            })
+            .collect(),
+    }
 }
 
 /// Messages: the blocks of this step's assistant turn and its stop reason.

@@ -47,6 +47,75 @@ pub fn refusal(has_key: bool, body: &[u8]) -> Option<(u16, Value)> {
             "* GenerateContentRequest.contents: contents is not specified or not turns of parts",
         );
     }
+    let turns = request
+        .get("contents")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if let Some(why) = unanswered_calls(&turns).or_else(|| broken_signature(&turns)) {
+        return error(400, "INVALID_ARGUMENT", &why);
+    }
+    None
+}
+
+/// The signature the mock gives the first call of a model turn it makes.
+pub fn signature(call_id: &str) -> String {
+    format!("c2lnLW1vY2s-{call_id}")
+}
+
+fn parts_with<'t>(turn: &'t Value, key: &str) -> Vec<&'t Value> {
+    turn.get("parts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|part| part.get(key).is_some())
+        .collect()
+}
+
+/// A model turn's function calls must be answered by the next turn, a user turn holding as many
+/// function responses (Google: "Please ensure that the number of function response parts is
+/// equal to the number of function call parts of the function call turn").
+fn unanswered_calls(turns: &[Value]) -> Option<String> {
+    for (i, turn) in turns.iter().enumerate() {
+        let calls = parts_with(turn, "functionCall").len();
+        if calls == 0 {
+            continue;
+        }
+        let answers = turns
+            .get(i + 1)
+            .filter(|next| next.get("role").and_then(Value::as_str) != Some("model"))
+            .map_or(0, |next| parts_with(next, "functionResponse").len());
+        if answers != calls {
+            return Some(format!("Please ensure that the number of function response parts ({answers}) is equal to the number of function call parts ({calls}) of the function call turn (contents[{i}])."));
+        }
+    }
+    None
+}
+
+/// In the active loop (from the last user turn holding text and no function response), the
+/// first call of each model turn the mock made must carry the signature it was given.
+fn broken_signature(turns: &[Value]) -> Option<String> {
+    let starts_loop = |turn: &Value| {
+        turn.get("role").and_then(Value::as_str) != Some("model")
+            && !parts_with(turn, "text").is_empty()
+            && parts_with(turn, "functionResponse").is_empty()
+    };
+    let start = turns.iter().rposition(starts_loop).unwrap_or(0);
+    for (i, turn) in turns.iter().enumerate().skip(start) {
+        let Some(first) = parts_with(turn, "functionCall").into_iter().next() else {
+            continue;
+        };
+        let Some(id) = first.pointer("/functionCall/id").and_then(Value::as_str) else {
+            continue;
+        };
+        if !id.starts_with("agentstep_") {
+            continue;
+        }
+        let signed = first.get("thoughtSignature").and_then(Value::as_str);
+        if signed != Some(signature(id).as_str()) {
+            return Some(format!("Function call is missing a thought_signature in functionCall parts (contents[{i}])."));
+        }
+    }
     None
 }
 
@@ -110,6 +179,13 @@ fn schema_instance(schema: &Value) -> Value {
     }
 }
 
+/// A model turn of `parts` as one response, finished, with usage.
+pub fn turn(model: &str, parts: Vec<Value>) -> Value {
+    let mut response = chunk(model, "", true);
+    response["candidates"][0]["content"]["parts"] = Value::Array(parts);
+    response
+}
+
 /// The answer streamed: two chunks.
 pub fn stream_chunks(model: &str) -> Vec<Value> {
     let (first, rest) = REPLY.split_at(6);
@@ -152,5 +228,40 @@ mod tests {
         assert_eq!(object["complexity_score"], 1);
         let plain = answer("m", br#"{"contents":[]}"#);
         assert_eq!(plain["candidates"][0]["content"]["parts"][0]["text"], REPLY);
+    }
+
+    #[test]
+    fn calls_must_be_answered_one_for_one_and_signed_in_the_active_loop() {
+        let call = |id: &str, signed: bool| {
+            let mut part = json!({"functionCall": {"name": "read_file", "args": {}, "id": id}});
+            if signed {
+                part["thoughtSignature"] = json!(signature(id));
+            }
+            part
+        };
+        let answer = json!({"functionResponse": {"name": "read_file", "response": {}}});
+        let body = |turns: Value| json!({"contents": turns}).to_string().into_bytes();
+        let task = json!({"role": "user", "parts": [{"text": "go"}]});
+        let good = body(
+            json!([task, {"role": "model", "parts": [call("agentstep_01_1", true), call("agentstep_01_2", false)]},
+            {"role": "user", "parts": [answer, answer]}]),
+        );
+        assert_eq!(refusal(true, &good), None);
+        let short = body(
+            json!([task, {"role": "model", "parts": [call("agentstep_01_1", true), call("agentstep_01_2", false)]},
+            {"role": "user", "parts": [answer]}]),
+        );
+        assert_eq!(refusal(true, &short).map(|(code, _)| code), Some(400));
+        let unsigned = body(
+            json!([task, {"role": "model", "parts": [call("agentstep_01_1", false)]},
+            {"role": "user", "parts": [answer]}]),
+        );
+        assert_eq!(refusal(true, &unsigned).map(|(code, _)| code), Some(400));
+        // Before the active loop (a later user turn with text), signatures are not checked.
+        let earlier = body(
+            json!([task, {"role": "model", "parts": [call("agentstep_01_1", false)]},
+            {"role": "user", "parts": [answer]}, {"role": "user", "parts": [{"text": "next task"}]}]),
+        );
+        assert_eq!(refusal(true, &earlier), None);
     }
 }

@@ -439,7 +439,13 @@ async fn serve_request(
     }
     if parts.method == Method::POST {
         if let Some((model, method)) = gemini::call_of(&path) {
-            return Ok(gemini_reply(&state, &parts, &body, model, method));
+            return Ok(gemini_reply(
+                &state,
+                &options,
+                &parts,
+                &body,
+                (model, method),
+            ));
         }
     }
     let responses_api = parts.method == Method::POST && path.ends_with("/responses");
@@ -910,10 +916,10 @@ fn completion_json(id: &str, model: &str, reply: &Reply, request: &Value) -> Val
 /// streamed (SSE with `alt=sse`, else one JSON array).
 fn gemini_reply(
     state: &MockState,
+    options: &MockOptions,
     parts: &http::request::Parts,
     body: &[u8],
-    model: &str,
-    method: &str,
+    (model, method): (&str, &str),
 ) -> Response<MockBody> {
     let query = parts.uri.query().unwrap_or_default();
     let has_key = parts.headers.contains_key("x-goog-api-key")
@@ -924,15 +930,32 @@ fn gemini_reply(
         return full(status, "application/json", error.to_string());
     }
     state.chat_calls.fetch_add(1, Ordering::SeqCst);
-    match method {
-        "streamGenerateContent" if query.split('&').any(|pair| pair == "alt=sse") => {
+    let request: Value = serde_json::from_slice(body).unwrap_or_default();
+    let asks_json = request.pointer("/generationConfig/responseMimeType")
+        == Some(&Value::from("application/json"));
+    let agent_turn = (options.mode == MockMode::Agent && !asks_json)
+        .then(|| gemini::turn(model, agent::gemini_parts(&options.agent, &request, body)));
+    let sse = query.split('&').any(|pair| pair == "alt=sse");
+    match (method, agent_turn) {
+        ("streamGenerateContent", Some(turn)) if sse => full(
+            StatusCode::OK,
+            "text/event-stream",
+            format!("data: {turn}\r\n\r\n"),
+        ),
+        ("streamGenerateContent", Some(turn)) => full(
+            StatusCode::OK,
+            "application/json",
+            json!([turn]).to_string(),
+        ),
+        (_, Some(turn)) => full(StatusCode::OK, "application/json", turn.to_string()),
+        ("streamGenerateContent", None) if sse => {
             let events: String = gemini::stream_chunks(model)
                 .iter()
                 .map(|chunk| format!("data: {chunk}\r\n\r\n"))
                 .collect();
             full(StatusCode::OK, "text/event-stream", events)
         }
-        "streamGenerateContent" => {
+        ("streamGenerateContent", None) => {
             let array = Value::Array(gemini::stream_chunks(model));
             full(StatusCode::OK, "application/json", array.to_string())
         }

@@ -11,7 +11,7 @@ import pytest
 from google import genai
 from google.genai import types
 
-from conftest import ROOT, start_compactor
+from conftest import BIN_DIR, ROOT, Process, start_compactor
 
 # The Gemini CLI, pinned in tests/agents/package.json (scripts/test.sh installs it).
 GEMINI_CLI = ROOT / "tests" / "agents" / "node_modules" / ".bin" / "gemini"
@@ -121,4 +121,69 @@ def test_the_gemini_cli_answers_through_compactor_with_its_defaults(gemini_proxy
     assert sum(model["api"]["totalErrors"] for model in calls) == 0
     assert sum(model["api"]["totalRequests"] for model in calls) >= 2, "routing, then the turn"
     assert rejections(mock_upstream) == before
+
+
+AGENT_STEPS = 25
+
+
+@pytest.fixture(scope="module")
+def gemini_agent(tmp_path_factory):
+    """The mock in agent mode (it plays the model behind the CLI: each step reads a note with the
+    CLI's `read_file`, every third step two at once, the first call of a turn signed) and
+    compactor in front of it, Gemini upstream with its own key."""
+    notes = tmp_path_factory.mktemp("notes")
+    for n in range(8):
+        (notes / f"note_{n}.md").write_text(f"note {n}: the trail goes on. " * 300)
+    mock = Process([
+        str(BIN_DIR / "mock-upstream"), "--listen", "127.0.0.1:0", "--mode", "agent",
+        "--agent-steps", str(AGENT_STEPS), "--agent-files", str(notes),
+    ])
+    extra = (
+        "  - name: gemini\n"
+        "    api: gemini\n"
+        f"    base_url: {mock.url}\n"
+        "    api_key: g-upstream\n"
+    )
+    proxy = start_compactor(mock.url, extra=extra)
+    yield mock, proxy, notes
+    proxy.stop()
+    mock.stop()
+
+
+def test_the_gemini_cli_runs_a_tool_loop_through_compactor(gemini_agent, tmp_path):
+    """25 tool steps, parallel calls every third, each model turn's first call signed: the mock
+    refuses a call left unanswered and a signature lost or altered in the active loop."""
+    mock, proxy, notes = gemini_agent
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
+    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("GEMINI_", "GOOGLE_"))
+    }
+    env.update(
+        HOME=str(home),
+        GEMINI_CLI_TRUST_WORKSPACE="true",
+        GOOGLE_GEMINI_BASE_URL=proxy.url,
+        GEMINI_API_KEY="client-key",
+    )
+    run = subprocess.run(
+        [str(GEMINI_CLI), "--yolo", "-p", "Read the notes and follow the trail.", "-o", "json"],
+        cwd=notes,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    output = json.loads(run.stdout)
+    assert output["response"] == f"AGENT-DONE steps={AGENT_STEPS}"
+    calls = output["stats"]["models"].values()
+    assert sum(model["api"]["totalErrors"] for model in calls) == 0
+    # One request per step, the last one answered with text, and the routing call.
+    assert sum(model["api"]["totalRequests"] for model in calls) == AGENT_STEPS + 2
+    assert output["stats"]["tools"]["totalCalls"] > AGENT_STEPS, "parallel calls ran"
+    assert rejections(mock) == 0
 
