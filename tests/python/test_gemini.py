@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import pytest
 from google import genai
@@ -43,6 +44,30 @@ def client(url):
     return genai.Client(
         api_key="client-key",
         http_options=types.HttpOptions(base_url=url, timeout=20_000),
+    )
+
+
+def run_gemini_cli(proxy_url, tmp_path, *args, cwd=None):
+    """The Gemini CLI headless with its defaults (JSON output), pointed at compactor with an API
+    key: a home of its own whose settings choose the key (headless mode needs that besides the
+    environment), no Google variable of the machine's."""
+    if not GEMINI_CLI.exists():
+        pytest.fail(f"{GEMINI_CLI} is missing: scripts/test.sh installs the agent CLIs (npm in tests/agents)")
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
+    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
+    work = cwd or tmp_path / "work"
+    Path(work).mkdir(exist_ok=True)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("GEMINI_", "GOOGLE_"))}
+    env.update(
+        HOME=str(home),
+        GEMINI_CLI_TRUST_WORKSPACE="true",
+        GOOGLE_GEMINI_BASE_URL=proxy_url,
+        GEMINI_API_KEY="client-key",
+    )
+    return subprocess.run(
+        [str(GEMINI_CLI), *args, "-o", "json"], cwd=work, env=env, capture_output=True, text=True, timeout=300
     )
 
 
@@ -85,35 +110,8 @@ def test_a_function_call_turn_goes_through(gemini_proxy, mock_upstream):
 def test_the_gemini_cli_answers_through_compactor_with_its_defaults(gemini_proxy, mock_upstream, tmp_path):
     """Gemini CLI 0.61.0 headless, its defaults: a routing call (JSON-schema output) then the
     streamed agent turn, both through compactor to the mock with the upstream's key."""
-    if not GEMINI_CLI.exists():
-        pytest.fail(f"{GEMINI_CLI} is missing: scripts/test.sh installs the agent CLIs (npm in tests/agents)")
-    home = tmp_path / "home"
-    (home / ".gemini").mkdir(parents=True)
-    # With the environment alone, headless mode refuses the auth type: the settings choose it.
-    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
-    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("GEMINI_", "GOOGLE_"))
-    }
-    env.update(
-        HOME=str(home),
-        GEMINI_CLI_TRUST_WORKSPACE="true",
-        GOOGLE_GEMINI_BASE_URL=gemini_proxy.url,
-        GEMINI_API_KEY="client-key",
-    )
     before = rejections(mock_upstream)
-    run = subprocess.run(
-        [str(GEMINI_CLI), "-p", "say hi", "-o", "json"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_gemini_cli(gemini_proxy.url, tmp_path, "-p", "say hi")
     assert run.returncode == 0, run.stderr[-3000:]
     output = json.loads(run.stdout)
     assert output["response"] == REPLY
@@ -154,29 +152,8 @@ def test_the_gemini_cli_runs_a_tool_loop_through_compactor(gemini_agent, tmp_pat
     """25 tool steps, parallel calls every third, each model turn's first call signed: the mock
     refuses a call left unanswered and a signature lost or altered in the active loop."""
     mock, proxy, notes = gemini_agent
-    home = tmp_path / "home"
-    (home / ".gemini").mkdir(parents=True)
-    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
-    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("GEMINI_", "GOOGLE_"))
-    }
-    env.update(
-        HOME=str(home),
-        GEMINI_CLI_TRUST_WORKSPACE="true",
-        GOOGLE_GEMINI_BASE_URL=proxy.url,
-        GEMINI_API_KEY="client-key",
-    )
-    run = subprocess.run(
-        [str(GEMINI_CLI), "--yolo", "-p", "Read the notes and follow the trail.", "-o", "json"],
-        cwd=notes,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    prompt = "Read the notes and follow the trail."
+    run = run_gemini_cli(proxy.url, tmp_path, "--yolo", "-p", prompt, cwd=notes)
     assert run.returncode == 0, run.stderr[-3000:]
     output = json.loads(run.stdout)
     assert output["response"] == f"AGENT-DONE steps={AGENT_STEPS}"
