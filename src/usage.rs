@@ -19,6 +19,12 @@ const INPUT_KEYS: [&str; 3] = [
     "\"input_tokens\"",
     "\"promptTokenCount\"",
 ];
+/// The keys an output count goes by, in the same order.
+const OUTPUT_KEYS: [&str; 3] = [
+    "\"completion_tokens\"",
+    "\"output_tokens\"",
+    "\"candidatesTokenCount\"",
+];
 
 /// Input and output tokens, as the upstream counted them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,11 +68,7 @@ impl UsageTap {
     pub fn usage(&self) -> Option<Usage> {
         let usage = Usage {
             input: self.last(&INPUT_KEYS),
-            output: self.last(&[
-                "\"completion_tokens\"",
-                "\"output_tokens\"",
-                "\"candidatesTokenCount\"",
-            ]),
+            output: self.last(&OUTPUT_KEYS),
         };
         (usage.input.is_some() || usage.output.is_some()).then_some(usage)
     }

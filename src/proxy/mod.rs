@@ -46,11 +46,6 @@ pub async fn handle(
 ) -> Result<Response<LoggedBody>, Infallible> {
     let started = Instant::now();
     let current = app.current();
-    let config = &current.generation.config;
-    let path = request.uri().path();
-    let provider = apis::provider_claiming(path).unwrap_or_else(|| {
-        apis::provider_for_path(forwarded_path(&config.prefix, path).unwrap_or_default())
-    });
     let span = telemetry::request_span(request.method(), request.uri().path(), request.headers());
     let mut log = RequestLog {
         method: request.method().clone(),
@@ -69,12 +64,21 @@ pub async fn handle(
             if error.fault() != crate::error::Fault::Client {
                 tracing::warn!(code = error.code(), "{error}");
             }
-            error.into_response(provider)
+            let prefix = &current.generation.config.prefix;
+            error.into_response(error_provider(prefix, log.uri.path()))
         }
     };
     log.status = response.status().as_u16();
     log.headers_after = Some(started.elapsed());
     Ok(response.map(|b| LoggedBody::new(b, log, started)))
+}
+
+/// Whose error shape a path's errors take: the API it belongs to. Decided only when there is an
+/// error to answer, off the path of every request that has none.
+fn error_provider(prefix: &str, path: &str) -> &'static dyn crate::provider::Provider {
+    apis::provider_claiming(path).unwrap_or_else(|| {
+        apis::provider_for_path(forwarded_path(prefix, path).unwrap_or_default())
+    })
 }
 
 /// The phases of one proxied request, in order: address → authorize → classify → read →

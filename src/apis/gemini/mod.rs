@@ -21,9 +21,10 @@ const VERSIONS: [&str; 3] = ["v1", "v1beta", "v1alpha"];
 /// under the versions only Google uses (listing models, files, cached contents), and Vertex's
 /// project paths. OpenAI's own `/v1/models` stays OpenAI's.
 pub fn is_google_path(path: &str) -> bool {
-    let only_google = ["/v1beta", "/v1alpha"]
-        .iter()
-        .any(|version| path == *version || path.starts_with(&format!("{version}/")));
+    let only_google = ["/v1beta", "/v1alpha"].iter().any(|version| {
+        path.strip_prefix(version)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    });
     only_google || path.starts_with("/v1/projects/") || model_call(path).is_some()
 }
 
