@@ -176,7 +176,7 @@ async fn session_with(scale: &str, trigger: u64, kind: &str, extra: &str) -> Cos
                 Bytes::from(body),
                 "mock",
                 Caller::default(),
-                Api::ChatCompletions.front_end(),
+                &Api::ChatCompletions.body_request(),
             )
             .await;
         answer(kind, i, &mut messages);

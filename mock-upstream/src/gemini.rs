@@ -52,7 +52,10 @@ pub fn refusal(has_key: bool, body: &[u8]) -> Option<(u16, Value)> {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    if let Some(why) = unanswered_calls(&turns).or_else(|| broken_signature(&turns)) {
+    let why = out_of_place(&turns)
+        .or_else(|| unanswered_calls(&turns))
+        .or_else(|| broken_signature(&turns));
+    if let Some(why) = why {
         return error(400, "INVALID_ARGUMENT", &why);
     }
     None
@@ -70,6 +73,28 @@ fn parts_with<'t>(turn: &'t Value, key: &str) -> Vec<&'t Value> {
         .flatten()
         .filter(|part| part.get(key).is_some())
         .collect()
+}
+
+/// Google's order of function turns: a turn of calls right after a user turn or a turn of
+/// responses, a turn of responses right after a turn of calls.
+fn out_of_place(turns: &[Value]) -> Option<String> {
+    let from_model = |turn: &Value| turn.get("role").and_then(Value::as_str) == Some("model");
+    for (i, turn) in turns.iter().enumerate() {
+        let before = i.checked_sub(1).and_then(|j| turns.get(j));
+        let calls = from_model(turn) && !parts_with(turn, "functionCall").is_empty();
+        if calls && (i == 0 || before.is_some_and(from_model)) {
+            return Some(format!("Please ensure that function call turn comes immediately after a user turn or after a function response turn (contents[{i}])."));
+        }
+        if !from_model(turn) && !parts_with(turn, "functionResponse").is_empty() {
+            let after_calls = before.is_some_and(|before| {
+                from_model(before) && !parts_with(before, "functionCall").is_empty()
+            });
+            if !after_calls {
+                return Some(format!("Please ensure that function response turn comes immediately after a function call turn (contents[{i}])."));
+            }
+        }
+    }
+    None
 }
 
 /// A model turn's function calls must be answered by the next turn, a user turn holding as many
@@ -119,15 +144,22 @@ fn broken_signature(turns: &[Value]) -> Option<String> {
     None
 }
 
+/// Who answers: the model, and the prompt's tokens as the mock counted them (the usage).
+#[derive(Debug, Clone, Copy)]
+pub struct Answerer<'m> {
+    pub model: &'m str,
+    pub prompt_tokens: u64,
+}
+
 /// One response object with `text`, the last of a stream carrying the finish and the usage.
-fn chunk(model: &str, text: &str, last: bool) -> Value {
+fn chunk(by: Answerer<'_>, text: &str, last: bool) -> Value {
     let mut candidate =
         json!({"content": {"role": "model", "parts": [{"text": text}]}, "index": 0});
-    let mut response = json!({"modelVersion": model, "responseId": "mock-gemini"});
+    let mut response = json!({"modelVersion": by.model, "responseId": "mock-gemini"});
     if last {
         candidate["finishReason"] = json!("STOP");
-        response["usageMetadata"] =
-            json!({"promptTokenCount": 8, "candidatesTokenCount": 4, "totalTokenCount": 12});
+        let prompt = by.prompt_tokens;
+        response["usageMetadata"] = json!({"promptTokenCount": prompt, "candidatesTokenCount": 4, "totalTokenCount": prompt + 4});
     }
     response["candidates"] = json!([candidate]);
     response
@@ -135,7 +167,7 @@ fn chunk(model: &str, text: &str, last: bool) -> Value {
 
 /// The whole answer: the fixed text, or, when the request asks for JSON with a schema (the
 /// Gemini CLI's routing call), an object with every required property of the schema.
-pub fn answer(model: &str, request: &[u8]) -> Value {
+pub fn answer(by: Answerer<'_>, request: &[u8]) -> Value {
     let schema = serde_json::from_slice::<Value>(request)
         .ok()
         .and_then(|request| {
@@ -150,8 +182,8 @@ pub fn answer(model: &str, request: &[u8]) -> Value {
             })
         });
     match schema {
-        Some(schema) => chunk(model, &schema_instance(&schema).to_string(), true),
-        None => chunk(model, REPLY, true),
+        Some(schema) => chunk(by, &schema_instance(&schema).to_string(), true),
+        None => chunk(by, REPLY, true),
     }
 }
 
@@ -180,16 +212,16 @@ fn schema_instance(schema: &Value) -> Value {
 }
 
 /// A model turn of `parts` as one response, finished, with usage.
-pub fn turn(model: &str, parts: Vec<Value>) -> Value {
-    let mut response = chunk(model, "", true);
+pub fn turn(by: Answerer<'_>, parts: Vec<Value>) -> Value {
+    let mut response = chunk(by, "", true);
     response["candidates"][0]["content"]["parts"] = Value::Array(parts);
     response
 }
 
 /// The answer streamed: two chunks.
-pub fn stream_chunks(model: &str) -> Vec<Value> {
+pub fn stream_chunks(by: Answerer<'_>) -> Vec<Value> {
     let (first, rest) = REPLY.split_at(6);
-    vec![chunk(model, first, false), chunk(model, rest, true)]
+    vec![chunk(by, first, false), chunk(by, rest, true)]
 }
 
 #[cfg(test)]
@@ -216,17 +248,22 @@ mod tests {
         assert_eq!(call_of("/v1/chat/completions"), None);
     }
 
+    const BY: Answerer<'static> = Answerer {
+        model: "m",
+        prompt_tokens: 8,
+    };
+
     #[test]
     fn a_request_for_json_gets_every_property_of_its_schema() {
         let routing = br#"{"contents":[],"generationConfig":{"responseMimeType":"application/json","responseJsonSchema":{"type":"OBJECT","properties":{"complexity_reasoning":{"type":"STRING"},"complexity_score":{"type":"INTEGER"}}}}}"#;
-        let text = answer("m", routing)["candidates"][0]["content"]["parts"][0]["text"]
+        let text = answer(BY, routing)["candidates"][0]["content"]["parts"][0]["text"]
             .as_str()
             .map(str::to_string)
             .unwrap_or_default();
         let object: Value = serde_json::from_str(&text).unwrap_or_default();
         assert_eq!(object["complexity_reasoning"], "mock");
         assert_eq!(object["complexity_score"], 1);
-        let plain = answer("m", br#"{"contents":[]}"#);
+        let plain = answer(BY, br#"{"contents":[]}"#);
         assert_eq!(plain["candidates"][0]["content"]["parts"][0]["text"], REPLY);
     }
 
@@ -263,5 +300,11 @@ mod tests {
             {"role": "user", "parts": [answer]}, {"role": "user", "parts": [{"text": "next task"}]}]),
         );
         assert_eq!(refusal(true, &earlier), None);
+        // A response with no call before it, a call after a model turn: out of place.
+        let orphan = body(json!([task, {"role": "user", "parts": [answer]}]));
+        assert_eq!(refusal(true, &orphan).map(|(code, _)| code), Some(400));
+        let after_model = body(json!([task, {"role": "model", "parts": [{"text": "hm"}]},
+            {"role": "model", "parts": [call("x", false)]}, {"role": "user", "parts": [answer]}]));
+        assert_eq!(refusal(true, &after_model).map(|(code, _)| code), Some(400));
     }
 }

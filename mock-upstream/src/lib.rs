@@ -214,6 +214,11 @@ impl MockHandle {
         self.state.window_refusals.load(Ordering::SeqCst)
     }
 
+    /// Requests refused as the provider refuses them (a broken pair, a lost signature, …).
+    pub fn rejections(&self) -> usize {
+        self.state.rejections.load(Ordering::SeqCst)
+    }
+
     /// Chat-completion requests served (validated ones included, faults excluded).
     pub fn chat_calls(&self) -> usize {
         self.state.chat_calls.load(Ordering::SeqCst)
@@ -926,15 +931,37 @@ fn gemini_reply(
         || query.split('&').any(|pair| pair.starts_with("key="));
     if let Some((status, error)) = gemini::refusal(has_key, body) {
         state.rejections.fetch_add(1, Ordering::SeqCst);
+        *lock(&state.last_rejection) = error
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         return full(status, "application/json", error.to_string());
     }
-    state.chat_calls.fetch_add(1, Ordering::SeqCst);
     let request: Value = serde_json::from_slice(body).unwrap_or_default();
+    let counting = header_str(&parts.headers, "x-mock-tokenizer")
+        .and_then(window::Counting::parse)
+        .unwrap_or(options.counting);
+    let limit = header_num::<u64>(&parts.headers, "x-mock-window").or(options.window);
+    if let Some(limit) = limit {
+        let style = header_str(&parts.headers, "x-mock-window-style")
+            .and_then(window::Style::parse)
+            .unwrap_or(window::Style::Google);
+        if let Some((status, body)) = window::check(&request, limit, style, counting) {
+            state.window_refusals.fetch_add(1, Ordering::SeqCst);
+            return full(status, "application/json", body);
+        }
+    }
+    state.chat_calls.fetch_add(1, Ordering::SeqCst);
+    let by = gemini::Answerer {
+        model,
+        prompt_tokens: counting.input_tokens(&request),
+    };
     let asks_json = request.pointer("/generationConfig/responseMimeType")
         == Some(&Value::from("application/json"));
     let agent_turn = (options.mode == MockMode::Agent && !asks_json)
-        .then(|| gemini::turn(model, agent::gemini_parts(&options.agent, &request, body)));
+        .then(|| gemini::turn(by, agent::gemini_parts(&options.agent, &request, body)));
     let sse = query.split('&').any(|pair| pair == "alt=sse");
     match (method, agent_turn) {
         ("streamGenerateContent", Some(turn)) if sse => full(
@@ -949,20 +976,20 @@ fn gemini_reply(
         ),
         (_, Some(turn)) => full(StatusCode::OK, "application/json", turn.to_string()),
         ("streamGenerateContent", None) if sse => {
-            let events: String = gemini::stream_chunks(model)
+            let events: String = gemini::stream_chunks(by)
                 .iter()
                 .map(|chunk| format!("data: {chunk}\r\n\r\n"))
                 .collect();
             full(StatusCode::OK, "text/event-stream", events)
         }
         ("streamGenerateContent", None) => {
-            let array = Value::Array(gemini::stream_chunks(model));
+            let array = Value::Array(gemini::stream_chunks(by));
             full(StatusCode::OK, "application/json", array.to_string())
         }
         _ => full(
             StatusCode::OK,
             "application/json",
-            gemini::answer(model, body).to_string(),
+            gemini::answer(by, body).to_string(),
         ),
     }
 }

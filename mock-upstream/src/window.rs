@@ -20,6 +20,9 @@ pub enum Style {
     OpenRouter,
     /// Anthropic's Messages API: "prompt is too long: N tokens > L maximum".
     Anthropic,
+    /// Google's Gemini API: "The input token count (N) exceeds the maximum number of tokens
+    /// allowed (L)."
+    Google,
 }
 
 impl Style {
@@ -30,6 +33,7 @@ impl Style {
             "vllm" => Some(Style::Vllm),
             "openrouter" => Some(Style::OpenRouter),
             "anthropic" => Some(Style::Anthropic),
+            "google" | "gemini" => Some(Style::Google),
             _ => None,
         }
     }
@@ -70,7 +74,7 @@ impl Counting {
         };
         let strings = |value: &Value| strings_tokens(value, tokenizer);
         let mut total = TEMPLATE_PRIMING;
-        for key in ["messages", "input"] {
+        for key in ["messages", "input", "contents"] {
             match request.get(key) {
                 Some(Value::Array(items)) => {
                     for item in items {
@@ -81,7 +85,7 @@ impl Counting {
                 None => {}
             }
         }
-        for key in ["system", "instructions"] {
+        for key in ["system", "instructions", "systemInstruction"] {
             if let Some(value) = request.get(key) {
                 total += TEMPLATE_PER_MESSAGE + strings(value);
             }
@@ -106,11 +110,19 @@ fn strings_tokens(value: &Value, tokenizer: &bpe_openai::Tokenizer) -> u64 {
 
 /// The request's input tokens as the mock counts them by default.
 pub fn input_tokens(request: &Value) -> u64 {
-    let chars: usize = ["messages", "input", "system", "instructions", "tools"]
-        .iter()
-        .filter_map(|key| request.get(key))
-        .map(|value| value.to_string().len())
-        .sum();
+    let chars: usize = [
+        "messages",
+        "input",
+        "system",
+        "instructions",
+        "tools",
+        "contents",
+        "systemInstruction",
+    ]
+    .iter()
+    .filter_map(|key| request.get(key))
+    .map(|value| value.to_string().len())
+    .sum();
     (chars / 4) as u64
 }
 
@@ -125,8 +137,18 @@ pub fn check(
     let output = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|key| request.get(key).and_then(Value::as_u64))
+        .or_else(|| {
+            request
+                .pointer("/generationConfig/maxOutputTokens")
+                .and_then(Value::as_u64)
+        })
         .unwrap_or(0);
-    let total = input + output;
+    // Google's window is the input's alone: the answer has a limit of its own.
+    let total = if style == Style::Google {
+        input
+    } else {
+        input + output
+    };
     if total <= limit {
         return None;
     }
@@ -155,6 +177,9 @@ pub fn check(
                 format!("input length and `max_tokens` exceed context limit: {input} + {output} > {limit}, decrease input length or `max_tokens` and try again")
             };
             json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}, "request_id": "req_mock_window"})
+        }
+        Style::Google => {
+            json!({"error": {"code": 400, "message": format!("The input token count ({input}) exceeds the maximum number of tokens allowed ({limit})."), "status": "INVALID_ARGUMENT"}})
         }
     };
     Some((StatusCode::BAD_REQUEST, body.to_string()))

@@ -3,7 +3,7 @@
 //! compactor serves for it ([`Contracts`]). [`Api`] is the registry: matched here and nowhere
 //! else.
 
-pub use crate::compaction::front_end::{FrontEnd, Parsed};
+pub use crate::compaction::front_end::{ApiRequest, FrontEnd, Parsed};
 use crate::compaction::planner::conversation::Dialect;
 use crate::config::UpstreamApi;
 use crate::provider::Provider;
@@ -25,16 +25,24 @@ pub enum Api {
     Responses,
     /// Anthropic's Messages (`POST /v1/messages`).
     Messages,
+    /// Google's Gemini (`POST /v1beta/models/{model}:generateContent` and its other forms).
+    Gemini,
 }
 
 impl Api {
-    pub const ALL: [Api; 3] = [Api::ChatCompletions, Api::Responses, Api::Messages];
+    pub const ALL: [Api; 4] = [
+        Api::ChatCompletions,
+        Api::Responses,
+        Api::Messages,
+        Api::Gemini,
+    ];
 
     pub fn front_end(self) -> &'static dyn FrontEnd {
         match self {
             Api::ChatCompletions => &chat::Chat,
             Api::Responses => &responses::Responses,
             Api::Messages => &messages::Messages,
+            Api::Gemini => &gemini::Gemini,
         }
     }
 
@@ -52,7 +60,7 @@ impl Api {
     /// The contracts compactor serves for it, when it serves any.
     pub fn contracts(self) -> Option<&'static dyn Contracts> {
         match self {
-            Api::ChatCompletions => None,
+            Api::ChatCompletions | Api::Gemini => None,
             Api::Responses => Some(&responses::served::ResponsesContracts),
             Api::Messages => Some(&messages::served::MessagesContracts),
         }
@@ -64,6 +72,16 @@ impl Api {
             .into_iter()
             .filter_map(Api::contracts)
             .find(|contracts| contracts.serves(path))
+    }
+
+    /// A request of it whose body says all there is (the served contracts' own calls).
+    pub fn body_request(self) -> ApiRequest {
+        ApiRequest::of_body(self.front_end())
+    }
+
+    /// A POST of it to `path` (under the API prefix), read with what its path says.
+    pub fn request_at(self, path: &str) -> ApiRequest {
+        ApiRequest::at(self.front_end(), path)
     }
 
     /// The planner's view of it.

@@ -12,6 +12,8 @@
 //!   requested about 42832 tokens (42832 of text input)…".
 //! - Anthropic: 400 `invalid_request_error`, "prompt is too long: 219898 tokens > 200000
 //!   maximum", or "input length and `max_tokens` exceed context limit: 199759 + 8192 > 200000".
+//! - Google (Gemini): 400 `INVALID_ARGUMENT`, "The input token count (1196265) exceeds the
+//!   maximum number of tokens allowed (1048575).", or the same without the count.
 
 use serde_json::Value;
 
@@ -30,13 +32,14 @@ pub fn may_be_overflow(status: u16) -> bool {
 }
 
 /// Phrases (lowercase) only a context-length error uses.
-const PHRASES: [&str; 6] = [
+const PHRASES: [&str; 7] = [
     "context length",
     "context_length_exceeded",
     "context window",
     "prompt is too long",
     "exceed context limit",
     "input is too long",
+    "exceeds the maximum number of tokens allowed",
 ];
 
 /// The context-length error in an error response's body, if it is one.
@@ -62,15 +65,19 @@ pub fn parse(status: u16, body: &[u8]) -> Option<Overflow> {
 }
 
 fn limit_in(message: &str) -> Option<u64> {
-    ["maximum context length is", "context window of"]
-        .iter()
-        .find_map(|marker| number_after(message, marker))
-        // Anthropic: "… > 200000 maximum", "… + 8192 > 200000, decrease …".
-        .or_else(|| {
-            message
-                .rfind('>')
-                .and_then(|at| number_at(&message[at + 1..]))
-        })
+    [
+        "maximum context length is",
+        "context window of",
+        "maximum number of tokens allowed (",
+    ]
+    .iter()
+    .find_map(|marker| number_after(message, marker))
+    // Anthropic: "… > 200000 maximum", "… + 8192 > 200000, decrease …".
+    .or_else(|| {
+        message
+            .rfind('>')
+            .and_then(|at| number_at(&message[at + 1..]))
+    })
 }
 
 fn input_in(message: &str) -> Option<u64> {
@@ -90,6 +97,7 @@ fn input_in(message: &str) -> Option<u64> {
     });
     breakdown.or_else(|| {
         [
+            "input token count (",
             "resulted in",
             "prompt is too long:",
             "context limit:",
@@ -156,6 +164,16 @@ mod tests {
         assert_eq!(read(anthropic), numbers(200000, 219898));
         let anthropic_limit = json!({"type": "error", "error": {"type": "invalid_request_error", "message": "input length and `max_tokens` exceed context limit: 199759 + 8192 > 200000, decrease input length or `max_tokens` and try again"}});
         assert_eq!(read(anthropic_limit), numbers(200000, 199759));
+        let google = json!({"error": {"code": 400, "message": "The input token count (1196265) exceeds the maximum number of tokens allowed (1048575).", "status": "INVALID_ARGUMENT"}});
+        assert_eq!(read(google), numbers(1048575, 1196265));
+        let google_without_count = json!({"error": {"code": 400, "message": "The input token count exceeds the maximum number of tokens allowed (1048576).", "status": "INVALID_ARGUMENT"}});
+        assert_eq!(
+            read(google_without_count),
+            Some(Overflow {
+                limit: Some(1048576),
+                input: None
+            })
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub enum Reason {
     NoInput,
     ItemReference,
     CompactionTrigger,
+    CachedContent,
 
     // How a summary was had.
     Fresh,
@@ -91,6 +92,7 @@ impl Reason {
             Reason::NoInput => "no_input",
             Reason::ItemReference => "item_reference",
             Reason::CompactionTrigger => "compaction_trigger",
+            Reason::CachedContent => "cached_content",
             Reason::Fresh => "fresh",
             Reason::Incremental => "incremental",
             Reason::Sticky => "sticky",

@@ -7,7 +7,7 @@ use http_body_util::BodyExt;
 
 use crate::body::{self, prefixed, ProxyBody};
 use crate::compaction::engine::{Compacted, CompactionEngine};
-use crate::compaction::front_end::FrontEnd;
+use crate::compaction::front_end::ApiRequest;
 use crate::compaction::offload::Offloaded;
 use crate::compaction::overflow;
 use crate::compaction::prepare::Reactive;
@@ -22,7 +22,7 @@ const OVERFLOW_BODY_LIMIT: usize = 64 * 1024;
 /// What a compacted request needs for its one retry after a context-length error.
 pub struct Retry<'e, 'k> {
     pub engine: &'e CompactionEngine,
-    pub api: &'static dyn FrontEnd,
+    pub api: ApiRequest,
     pub caller: Caller<'k>,
     /// The client's body as it came.
     pub original: Bytes,
@@ -58,12 +58,12 @@ impl Retry<'_, '_> {
         // counted by the estimate): off the reactor for a large body.
         let forwarded_tokens = match &sent_before {
             Some(body) => {
-                let (engine, api, body) = (self.engine.clone(), self.api, body.clone());
+                let (engine, api, body) = (self.engine.clone(), self.api.clone(), body.clone());
                 let upstream = target.upstream.name.clone();
                 let counted = self
                     .engine
                     .offload(body.len(), move || {
-                        engine.count_as_retried(api, &upstream, &body)
+                        engine.count_as_retried(&api, &upstream, &body)
                     })
                     .await;
                 match counted {
@@ -84,7 +84,7 @@ impl Retry<'_, '_> {
                 self.original,
                 &target.upstream.name,
                 self.caller,
-                self.api,
+                &self.api,
                 reactive,
             )
             .await;

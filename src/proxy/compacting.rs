@@ -13,7 +13,7 @@ use crate::body::{self, ProxyBody};
 use crate::compaction::engine::calibrating::CalibrationSample;
 use crate::compaction::engine::{Compacted, CompactionEngine};
 use crate::compaction::failure::CompactionFailure;
-use crate::compaction::front_end::FrontEnd;
+use crate::compaction::front_end::ApiRequest;
 use crate::compaction::scope::Caller;
 use crate::compaction::Outcome;
 use crate::error::ProxyError;
@@ -118,8 +118,8 @@ pub(super) struct Compacting<'e> {
     pub body: ProxyBody,
     pub compacted: Option<Compacted>,
     /// The engine and API that read the body, when one did.
-    pub engine: Option<(&'e CompactionEngine, &'static dyn FrontEnd)>,
-    pub retry: Option<(&'e CompactionEngine, &'static dyn FrontEnd, Bytes)>,
+    pub engine: Option<(&'e CompactionEngine, ApiRequest)>,
+    pub retry: Option<(&'e CompactionEngine, ApiRequest, Bytes)>,
 }
 
 impl Compacting<'_> {
@@ -152,18 +152,17 @@ pub(super) async fn compact<'e>(
         let compacted = Compacted::served(bytes.clone(), outcome);
         return Ok(Compacting::plain(body::full(bytes), Some(compacted)));
     }
-    let (Some(engine), Some(api)) = (&current.generation.compaction, facts.api) else {
+    let (Some(engine), Some(api)) = (&current.generation.compaction, &facts.api) else {
         return Ok(Compacting::plain(body::full(bytes), None));
     };
-    let front_end = api.front_end();
     let retry = current
         .generation
         .config
         .summarization
         .reactive
-        .then(|| (engine, front_end, bytes.clone()));
+        .then(|| (engine, api.clone(), bytes.clone()));
     let result = engine
-        .compact(headers, bytes, &upstream.name, caller, front_end)
+        .compact(headers, bytes, &upstream.name, caller, api)
         .await
         .map_err(|refused| {
             log.compaction = Some(*refused.outcome);
@@ -172,7 +171,7 @@ pub(super) async fn compact<'e>(
     Ok(Compacting {
         body: body::full(result.body.clone()),
         compacted: Some(result),
-        engine: Some((engine, front_end)),
+        engine: Some((engine, api.clone())),
         retry,
     })
 }
@@ -190,7 +189,7 @@ fn refused_error(failure: CompactionFailure) -> ProxyError {
 /// The forwarded body, held to calibrate its model's count against the upstream's usage when
 /// the model is due a sample.
 pub(super) fn calibration_sample(
-    engine: Option<(&CompactionEngine, &'static dyn FrontEnd)>,
+    engine: Option<(&CompactionEngine, ApiRequest)>,
     upstream: &str,
     compacted: Option<&Compacted>,
     model: Option<&str>,
@@ -199,5 +198,5 @@ pub(super) fn calibration_sample(
     let compacted = compacted?;
     // Routing skims the model only when it needs it; the sample checks the guess on parsing.
     let model = model.or_else(|| model_hint(&compacted.body))?;
-    engine.calibration_sample(api, upstream, model, compacted)
+    engine.calibration_sample(&api, upstream, model, compacted)
 }

@@ -8,7 +8,7 @@ use http::Method;
 use hyper::body::Incoming;
 
 use crate::access_log::RequestLog;
-use crate::apis::{self, Api};
+use crate::apis::{self, Api, ApiRequest};
 use crate::app::{App, Current};
 use crate::auth::{Auth, AuthFailure, ClientKey};
 use crate::compaction::scope::Caller;
@@ -24,8 +24,8 @@ use crate::upstream::Upstream;
 pub(super) struct Facts<'c> {
     /// The client key, when auth is on.
     pub key: Option<&'c ClientKey>,
-    /// The API compactor reads it as, when it does.
-    pub api: Option<Api>,
+    /// The API compactor reads it as, when it does, with what its path says.
+    pub api: Option<ApiRequest>,
     /// The contracts served for its path, when compactor serves any there.
     pub contracts: Option<&'static dyn Contracts>,
     /// Its upstream family, by path.
@@ -84,7 +84,7 @@ pub(super) fn classify<'c>(
     let restricted = key.is_some_and(|k| k.restricts_models()) && path_model.is_none();
     Facts {
         key,
-        api,
+        api: api.map(|api| api.request_at(rest)),
         contracts: Some(rest).filter(|_| post).and_then(Api::contracts_for),
         family,
         needs_model: path_model.is_none()

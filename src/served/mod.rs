@@ -18,7 +18,7 @@ use http::Response;
 
 use crate::body::{self, ProxyBody};
 use crate::compaction::engine::{Asked, Compacted, CompactionEngine};
-use crate::compaction::front_end::FrontEnd;
+use crate::compaction::front_end::ApiRequest;
 use crate::compaction::reason::Reason;
 use crate::compaction::retry::read_bounded;
 use crate::compaction::scope::{Caller, Credentials};
@@ -181,7 +181,7 @@ pub(crate) struct Carried {
 pub(crate) async fn compacted(
     ask: &Ask<'_>,
     body: Bytes,
-    api: &'static dyn FrontEnd,
+    api: &ApiRequest,
     summary_prompt: Option<&str>,
 ) -> Result<Compacted, ProxyError> {
     let mut forced = ask.headers.clone();

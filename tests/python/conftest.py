@@ -1,9 +1,12 @@
 """Starts the real mock-upstream and compactor binaries on ephemeral loopback ports."""
 
+import json
 import os
+import re
 import subprocess
 import tempfile
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,22 @@ def compacting(mock_upstream, summarizer):
     process = start_compacting(mock_upstream, summarizer, "[{type: messages, value: 8}]")
     yield process
     process.stop()
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def metric_total(compactor, name, **labels):
+    """The sum of `name`'s samples whose labels include `labels`."""
+    with urllib.request.urlopen(compactor.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(sample_labels.get(k) == v for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[-1])
+    return total

@@ -9,14 +9,12 @@ versions pinned in tests/agents/package.json (scripts/test.sh installs them).
 
 import json
 import os
-import re
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN_DIR, ROOT, Process, start_compacting
+from conftest import BIN_DIR, ROOT, Process, get_json, metric_total, start_compacting
 
 AGENTS = ROOT / "tests" / "agents"
 CLIS = {
@@ -34,25 +32,6 @@ def cli(name):
     if not path.exists():
         pytest.fail(f"{path} is missing: scripts/test.sh installs the agent CLIs (npm in tests/agents)")
     return str(path)
-
-
-def get_json(url):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)
-
-
-def metric_total(compactor, name, **labels):
-    """The sum of `name`'s samples whose labels include `labels`."""
-    with urllib.request.urlopen(compactor.url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(sample_labels.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[-1])
-    return total
 
 
 @pytest.fixture(scope="module")

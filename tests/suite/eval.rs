@@ -231,7 +231,7 @@ async fn through_engine(engine: &CompactionEngine, recording: &Recording, run: &
             Bytes::from(body),
             "mock",
             Caller::default(),
-            Api::ChatCompletions.front_end(),
+            &Api::ChatCompletions.body_request(),
         )
         .await
     {

@@ -88,6 +88,13 @@ fn render(api: Api, system: bool, exchanges: &[Exchange], asking: &Exchange) -> 
             }
             body
         }
+        Api::Gemini => {
+            let mut body = json!({"contents": items, "generationConfig": {"maxOutputTokens": 64}});
+            if system {
+                body["systemInstruction"] = json!({"parts": [{"text": "you are an agent"}]});
+            }
+            body
+        }
     };
     body.to_string()
 }
@@ -95,6 +102,7 @@ fn render(api: Api, system: bool, exchanges: &[Exchange], asking: &Exchange) -> 
 fn user(api: Api, text: &str) -> Value {
     match api {
         Api::Responses => json!({"type": "message", "role": "user", "content": text}),
+        Api::Gemini => json!({"role": "user", "parts": [{"text": text}]}),
         _ => json!({"role": "user", "content": text}),
     }
 }
@@ -105,6 +113,7 @@ fn assistant(api: Api, text: &str) -> Value {
         Api::Responses => json!({"type": "message", "role": "assistant",
             "content": [{"type": "output_text", "text": text}]}),
         Api::Messages => json!({"role": "assistant", "content": [{"type": "text", "text": text}]}),
+        Api::Gemini => json!({"role": "model", "parts": [{"text": text}]}),
     }
 }
 
@@ -123,6 +132,15 @@ fn calls(api: Api, ids: &[String]) -> Vec<Value> {
         Api::Messages => vec![json!({"role": "assistant",
             "content": ids.iter().map(|id| json!({"type": "tool_use", "id": id,
                 "name": "read_file", "input": {"path": "a.rs"}})).collect::<Vec<_>>()})],
+        // Signed as Google signs a turn: its first call.
+        Api::Gemini => vec![json!({"role": "model",
+            "parts": ids.iter().enumerate().map(|(k, id)| {
+                let mut part = json!({"functionCall": {"name": "read_file", "args": {"path": "a.rs"}}});
+                if k == 0 {
+                    part["thoughtSignature"] = json!(format!("sig-{id}"));
+                }
+                part
+            }).collect::<Vec<_>>()})],
     }
 }
 
@@ -145,6 +163,9 @@ fn results(api: Api, ids: &[String], sizes: &[usize]) -> Vec<Value> {
         Api::Messages => vec![json!({"role": "user",
             "content": ids.iter().zip(sizes).map(|(id, &size)| json!({"type": "tool_result",
                 "tool_use_id": id, "content": output(size)})).collect::<Vec<_>>()})],
+        Api::Gemini => vec![json!({"role": "user",
+            "parts": sizes.iter().map(|&size| json!({"functionResponse": {"name": "read_file",
+                "response": {"output": output(size)}}})).collect::<Vec<_>>()})],
     }
 }
 

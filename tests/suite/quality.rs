@@ -336,7 +336,7 @@ async fn compact_chat(engine: &CompactionEngine, messages: &[Value]) -> Compacte
             bytes::Bytes::from(body),
             "mock",
             Caller::default(),
-            Api::ChatCompletions.front_end(),
+            &Api::ChatCompletions.body_request(),
         )
         .await
     {

@@ -77,6 +77,11 @@ fn render(
         Api::ChatCompletions => ("/v1/chat/completions", chat(run), &[]),
         Api::Responses => ("/v1/responses", responses(run), &[]),
         Api::Messages => ("/v1/messages", messages(run), &ANTHROPIC),
+        Api::Gemini => (
+            "/v1beta/models/gemini-2.5-flash:generateContent",
+            gemini(run),
+            &[],
+        ),
     }
 }
 
@@ -216,6 +221,61 @@ fn messages(run: &Run) -> String {
         "system": [{"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
         "messages": messages,
         "thinking": {"type": "enabled", "budget_tokens": 1024},
+    })
+    .to_string()
+}
+
+/// Google's turns: a thought (signed, as Google signs it) before a model turn, the first call
+/// of a turn signed, the responses in any order with text between them.
+fn gemini(run: &Run) -> String {
+    let user = |text: &str| json!({"role": "user", "parts": [{"text": text}]});
+    let mut contents = vec![user(&run.task)];
+    let thought = |text: &str| json!({"text": text, "thought": true, "thoughtSignature": format!("c2ln-{text}")});
+    for step in &run.steps {
+        match step {
+            Step::Answer { text, reasoning } => {
+                let mut parts = Vec::new();
+                if *reasoning {
+                    parts.push(thought("what now?"));
+                }
+                parts.push(json!({"text": text}));
+                contents.push(json!({"role": "model", "parts": parts}));
+                contents.push(user("next"));
+            }
+            Step::Calls {
+                ids,
+                sizes,
+                reasoning,
+                reversed,
+                interleaved,
+                ..
+            } => {
+                let mut parts = Vec::new();
+                if *reasoning {
+                    parts.push(thought("which files?"));
+                }
+                for (k, id) in ids.iter().enumerate() {
+                    let mut call = json!({"functionCall": {"name": "read_file", "args": {"file_path": format!("/src/{id}.rs")}}});
+                    if k == 0 && !*reasoning {
+                        call["thoughtSignature"] = json!(format!("c2ln-{id}"));
+                    }
+                    parts.push(call);
+                }
+                contents.push(json!({"role": "model", "parts": parts}));
+                let mut responses: Vec<Value> = in_order(ids, sizes, *reversed)
+                    .map(|(_, size)| json!({"functionResponse": {"name": "read_file", "response": {"output": output(size)}}}))
+                    .collect();
+                if *interleaved {
+                    responses.push(json!({"text": "go on"}));
+                }
+                contents.push(json!({"role": "user", "parts": responses}));
+            }
+        }
+    }
+    json!({
+        "contents": contents,
+        "systemInstruction": {"role": "user", "parts": [{"text": "You are an agent."}]},
+        "generationConfig": {"maxOutputTokens": 1024, "thinkingConfig": {"includeThoughts": true}},
     })
     .to_string()
 }

@@ -195,7 +195,7 @@ async fn session(precompute_at: Option<f64>) -> Session {
                 Bytes::from(body),
                 "mock",
                 Caller::default(),
-                Api::ChatCompletions.front_end(),
+                &Api::ChatCompletions.body_request(),
             )
             .await
             .unwrap_or_else(|_| panic!("turn {i} compacts"));

@@ -17,7 +17,7 @@ use crate::compaction::planner::raw_json::{
     deserialize_raw_object, object_span, offset_in, RawObject,
 };
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
-use crate::config::{SummaryPlacement, SummaryRole};
+use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
 
 pub mod provider;
 pub mod wire;
@@ -259,8 +259,8 @@ impl FrontEnd for Chat {
         parse(body).map(Parsed::Conversation)
     }
 
-    fn notice_chunk_fits(&self) -> bool {
-        true
+    fn notice_form(&self, asked: NoticeMode) -> NoticeMode {
+        asked
     }
 }
 

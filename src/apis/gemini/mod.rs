@@ -1,110 +1,372 @@
-//! Google's Gemini API (`generateContent`, `streamGenerateContent`, `countTokens`), for an
-//! upstream with `api: gemini`. Its paths carry the model and the method
-//! (`/v1beta/models/{model}:generateContent`, Vertex's
-//! `/v1/projects/{p}/locations/{l}/publishers/google/models/{model}:…`) and lie outside the
-//! OpenAI-style prefix, so the provider claims them whole. Forwarded, not yet compacted.
+//! Google's Gemini API (`generateContent`, `streamGenerateContent`; `countTokens` and the rest
+//! forwarded as they are) as the planner sees it, for an upstream with `api: gemini`. Each turn
+//! of `contents` is one planner message; the model and the stream are named by the path.
+//!
+//! A `model` turn's `functionCall` parts are its calls; the next turn answers them with as many
+//! `functionResponse` parts (Google refuses any other count), so the model turn binds to it and
+//! the pair is one group that no cut splits and no summary separates. Ids are often absent, so
+//! each call and each response is named by its function and its rank among the turn's parts of
+//! that name: the k-th `read_file` call is answered by the k-th `read_file` response.
+//!
+//! Google checks thought signatures in the active loop (from the last user turn that holds text
+//! and no function response); a model turn is never edited, so a kept turn keeps its signed
+//! parts byte for byte, and a summarized one is summarized whole. The summary is a user turn of
+//! text (or the first part of the first kept user turn), which starts the active loop anew:
+//! every model turn after it was already in the client's own active loop, signed as it sent it.
+//! The only turns rewritten are function responses, whose string `output` the
+//! `clear_tool_outputs` stage may replace (Google signs the model's parts, not the client's).
+//! `systemInstruction` is pinned like instructions; a request on `cachedContent` is left alone,
+//! as its prefix lies upstream.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
+use crate::compaction::planner::conversation::{
+    string_value, Conversation, Dialect, Json, Message, ParseError, PartKind, PartView, Role,
+    ToolCall, ToolOutput,
+};
+use crate::compaction::planner::raw_json::{
+    deserialize_raw_object, object_span, offset_in, RawObject,
+};
+use crate::compaction::reason::Reason;
+use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
+
+pub mod path;
 pub mod provider;
 pub mod wire;
 
-/// A Gemini model call named by its path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelCall<'p> {
-    pub model: &'p str,
-    pub method: &'p str,
+pub use path::{is_google_path, model_call, ModelCall};
+
+/// The members of a request that planning reads. Google's JSON takes proto names in either
+/// case, so both spellings are read.
+#[derive(Deserialize)]
+struct RequestView<'a> {
+    #[serde(borrow, default)]
+    contents: Option<Vec<TurnFields<'a>>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "systemInstruction",
+        alias = "system_instruction"
+    )]
+    system_instruction: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(default, rename = "generationConfig", alias = "generation_config")]
+    generation_config: Option<GenerationConfig>,
+    #[serde(borrow, default, rename = "cachedContent", alias = "cached_content")]
+    cached_content: Option<&'a RawValue>,
 }
 
-/// The versions Google serves its API under.
-const VERSIONS: [&str; 3] = ["v1", "v1beta", "v1alpha"];
-
-/// Whether a whole request path is Google's: a model call under any of its versions, anything
-/// under the versions only Google uses (listing models, files, cached contents), and Vertex's
-/// project paths. OpenAI's own `/v1/models` stays OpenAI's.
-pub fn is_google_path(path: &str) -> bool {
-    let only_google = ["/v1beta", "/v1alpha"].iter().any(|version| {
-        path.strip_prefix(version)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    });
-    only_google || path.starts_with("/v1/projects/") || model_call(path).is_some()
+#[derive(Deserialize)]
+struct GenerationConfig {
+    #[serde(default, rename = "maxOutputTokens", alias = "max_output_tokens")]
+    max_output_tokens: Option<u64>,
 }
 
-/// The model and method of a Gemini path: `/{version}/models/{model}:{method}`, or Vertex's
-/// `/{version}/projects/{p}/locations/{l}/publishers/google/models/{model}:{method}`.
-pub fn model_call(path: &str) -> Option<ModelCall<'_>> {
-    let mut segments = path.strip_prefix('/')?.split('/');
-    let version = segments.next()?;
-    if !VERSIONS.contains(&version) {
-        return None;
+/// The members of one turn that planning reads, as raw slices of the body; `first` and `last`
+/// locate the object's braces.
+#[derive(Default)]
+struct TurnFields<'a> {
+    role: Option<&'a str>,
+    parts: Option<&'a str>,
+    first: &'a str,
+    last: &'a str,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for TurnFields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_raw_object(deserializer)
     }
-    let rest: Vec<&str> = segments.collect();
-    let call = match rest.as_slice() {
-        ["models", call] => *call,
-        ["projects", _, "locations", _, "publishers", "google", "models", call] => *call,
-        _ => return None,
+}
+
+impl<'a> RawObject<'a> for TurnFields<'a> {
+    const EXPECTING: &'static str = "a content object";
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
+        match key {
+            "role" => Some(&mut self.role),
+            "parts" => Some(&mut self.parts),
+            _ => None,
+        }
+    }
+
+    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
+        let (first, last) = ends.ok_or_else(|| E::custom("a content has no members"))?;
+        (self.first, self.last) = (first, last);
+        Ok(self)
+    }
+}
+
+/// One part, as far as pairing and clearing read it.
+#[derive(Deserialize)]
+struct PartFields<'a> {
+    #[serde(borrow, default, rename = "functionCall", alias = "function_call")]
+    function_call: Option<FunctionCall<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "functionResponse",
+        alias = "function_response"
+    )]
+    function_response: Option<FunctionResponse<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionCall<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    args: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct FunctionResponse<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+/// A function response's `response` object: its `output`, when it is text, is what clearing
+/// may replace (the Gemini CLI's tools answer `{"output": "…"}`).
+#[derive(Deserialize)]
+struct ResponseObject<'a> {
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+}
+
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
+    let text = std::str::from_utf8(body).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    let view: RequestView<'_> =
+        serde_json::from_str(text).map_err(|e| ParseError::NotChat(e.to_string()))?;
+    if view.cached_content.is_some_and(|raw| raw.get() != "null") {
+        return Ok(Parsed::LeaveAlone(Reason::CachedContent));
+    }
+    let Some(turns) = view.contents else {
+        return Err(ParseError::NotChat("no contents array".into()));
     };
-    let (model, method) = call.split_once(':')?;
-    let plain = |text: &str| {
-        !text.is_empty()
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    let mut messages = Vec::with_capacity(turns.len());
+    for (i, fields) in turns.iter().enumerate() {
+        let first = offset_in(text, fields.first);
+        let last_end = offset_in(text, fields.last) + fields.last.len();
+        let span = object_span(text, first, last_end)
+            .ok_or_else(|| ParseError::BadMessage(i, "cannot locate the content".into()))?;
+        match message(&text[span], fields) {
+            Ok(message) => messages.push(message),
+            Err(Unplannable::LeaveAlone(reason)) => return Ok(Parsed::LeaveAlone(reason)),
+            Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
+        }
+    }
+    let output_reserve = view
+        .generation_config
+        .and_then(|config| config.max_output_tokens)
+        .unwrap_or(0);
+    Ok(Parsed::Conversation(Conversation::from_parts(
+        body,
+        None,
+        messages,
+        view.tools,
+        view.system_instruction.filter(|raw| raw.get() != "null"),
+        output_reserve,
+        &Gemini,
+    )))
+}
+
+/// One turn read on its own (a copy made by a stage), as [`parse`] reads each turn.
+pub(crate) fn parse_message(raw: &str) -> Option<Message<'_>> {
+    let fields: TurnFields<'_> = serde_json::from_str(raw).ok()?;
+    message(raw, &fields).ok()
+}
+
+/// The name a call or response goes by: its function's, ranked among the turn's parts of that
+/// name, as Google pairs them.
+fn ranked_name<'a>(name: Cow<'a, str>, seen: &mut Vec<Cow<'a, str>>) -> Cow<'a, str> {
+    let rank = seen.iter().filter(|earlier| **earlier == name).count();
+    let id = Cow::Owned(format!("{name}#{rank}"));
+    seen.push(name);
+    id
+}
+
+fn message<'a>(raw: &'a str, fields: &TurnFields<'a>) -> Result<Message<'a>, Unplannable> {
+    let role = match fields.role.filter(|raw| *raw != "null") {
+        Some(raw) => {
+            string_value(raw).ok_or_else(|| Unplannable::Bad("role is not a string".into()))?
+        }
+        // A single turn may leave its role out: it is the user's.
+        None => Cow::Borrowed("user"),
     };
-    (plain(model) && plain(method)).then_some(ModelCall { model, method })
+    let from_model = match role.as_ref() {
+        "model" => true,
+        "user" | "function" => false,
+        other => {
+            return Err(Unplannable::Bad(format!(
+                "role '{other}' is not user or model"
+            )))
+        }
+    };
+    let parts = fields.parts.filter(|raw| *raw != "null");
+    let mut calls = Vec::new();
+    let mut answers = Vec::new();
+    let mut outputs = Vec::new();
+    let (mut called, mut answered) = (Vec::new(), Vec::new());
+    if let Some(parts) = parts {
+        let parts: Vec<PartFields<'a>> =
+            serde_json::from_str(parts).map_err(|e| Unplannable::Bad(format!("parts: {e}")))?;
+        for part in parts {
+            if let (Some(call), true) = (part.function_call, from_model) {
+                let name = call.name.unwrap_or(Cow::Borrowed(""));
+                calls.push(ToolCall {
+                    id: ranked_name(name.clone(), &mut called),
+                    name,
+                    arguments_raw: call.args.map(|raw| Json::of(raw.get())),
+                });
+            }
+            if let (Some(response), false) = (part.function_response, from_model) {
+                let name = response.name.unwrap_or(Cow::Borrowed(""));
+                let id = ranked_name(name, &mut answered);
+                let output = response
+                    .response
+                    .and_then(|raw| serde_json::from_str::<ResponseObject<'a>>(raw.get()).ok())
+                    .and_then(|object| object.output)
+                    .filter(|raw| raw.get().starts_with('"'));
+                if let Some(value) = output {
+                    outputs.push(ToolOutput {
+                        value: Json::of(value.get()),
+                        call_id: id.clone(),
+                    });
+                }
+                answers.push(id);
+            }
+        }
+    }
+    let binds_next = !calls.is_empty();
+    let mut message = Message::from_item(raw, role, parts, calls, None, None, binds_next, &Gemini);
+    if from_model {
+        message.role = Role::Assistant;
+    } else if !answers.is_empty() {
+        message.role = Role::Tool;
+        message.more_answers = answers;
+        message.tool_outputs = outputs;
+    } else {
+        message.role = Role::User;
+    }
+    Ok(message)
+}
+
+/// The Gemini front-end.
+#[derive(Debug)]
+pub struct Gemini;
+
+impl Dialect for Gemini {
+    /// Google's parts carry no type: see [`Dialect::kind_of`].
+    fn part_kind(&self, _kind: &str) -> PartKind {
+        PartKind::Opaque
+    }
+
+    /// A part is what its one data member is; a thought is reasoning whatever it holds.
+    fn kind_of(&self, part: &PartView<'_>) -> Option<PartKind> {
+        let kind = if part.thought == Some(true) {
+            PartKind::Reasoning
+        } else if part.text.is_some() {
+            PartKind::Text
+        } else if part.inline_data.is_some() {
+            PartKind::Image
+        } else if part.file_data.is_some() {
+            PartKind::File
+        } else if part.function_call.is_some() {
+            PartKind::ToolCall
+        } else if part.function_response.is_some() {
+            PartKind::ToolResult
+        } else {
+            PartKind::Opaque
+        };
+        Some(kind)
+    }
+
+    fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {
+        parse_message(raw)
+    }
+
+    /// Into the first kept user turn whenever its parts were found: one user turn reads as the
+    /// client's own.
+    fn merges_summary(&self, _: SummaryPlacement, _: SummaryRole, content_located: bool) -> bool {
+        content_located
+    }
+
+    fn summary_json(&self, framed: &str, _role: SummaryRole, _breakpoint: Option<&str>) -> String {
+        format!(r#"{{"role":"user","parts":[{}]}}"#, text_part(framed))
+    }
+
+    fn merged_summary(
+        &self,
+        body: &[u8],
+        message: Range<usize>,
+        content: Option<Range<usize>>,
+        framed: &str,
+        _breakpoint: Option<&str>,
+    ) -> Option<String> {
+        let text = std::str::from_utf8(body).ok()?;
+        let content = content?;
+        let rest = text.get(content.clone())?.strip_prefix('[')?;
+        let parts = if rest.trim_start().starts_with(']') {
+            format!("[{}]", text_part(framed))
+        } else {
+            format!("[{},{rest}", text_part(framed))
+        };
+        Some(format!(
+            "{}{parts}{}",
+            text.get(message.start..content.start)?,
+            text.get(content.end..message.end)?
+        ))
+    }
+}
+
+fn text_part(framed: &str) -> String {
+    serde_json::json!({ "text": framed }).to_string()
+}
+
+impl FrontEnd for Gemini {
+    /// Content generation, streamed or not, under any of Google's path forms.
+    fn serves_path(&self, path: &str) -> bool {
+        model_call(path)
+            .is_some_and(|call| matches!(call.method, "generateContent" | "streamGenerateContent"))
+    }
+
+    fn path_model<'p>(&self, path: &'p str) -> Option<&'p str> {
+        model_call(path).map(|call| call.model)
+    }
+
+    fn path_streams(&self, path: &str) -> bool {
+        model_call(path).is_some_and(|call| call.method == "streamGenerateContent")
+    }
+
+    fn label(&self) -> &'static str {
+        "gemini"
+    }
+
+    fn parse<'a>(&self, body: &'a [u8]) -> Result<Parsed<'a>, ParseError> {
+        parse(body)
+    }
+
+    /// None: neither SDK skips a line it does not know. google-genai (Python) parses every
+    /// line that is not `data: ` as JSON and fails on a comment or an `event:` line;
+    /// @google/genai (JavaScript, the Gemini CLI) matches `^\s*data: ` at the head of its
+    /// buffer, so any other line there stalls every frame after it; a `data:` frame would reach
+    /// the application as an empty response. The `x-compactor-*` headers say what was done.
+    fn notice_form(&self, _asked: NoticeMode) -> NoticeMode {
+        NoticeMode::Off
+    }
+
+    /// A turn may leave its role out, so the `"role"` literals do not bound the turns.
+    fn size_bound_applies(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn googles_paths_are_its_model_calls_its_own_versions_and_vertex_projects() {
-        for google in [
-            "/v1beta/models",
-            "/v1beta/models/gemini-2.5-pro",
-            "/v1beta/files",
-            "/v1/models/gemini-2.5-pro:countTokens",
-            "/v1/projects/p/locations/l/publishers/google/models/m:generateContent",
-        ] {
-            assert!(is_google_path(google), "{google}");
-        }
-        for other in [
-            "/v1/models",
-            "/v1/models/gpt-4o",
-            "/v1/chat/completions",
-            "/v1betas",
-        ] {
-            assert!(!is_google_path(other), "{other}");
-        }
-    }
-
-    #[test]
-    fn the_model_and_method_are_read_from_every_path_form() {
-        let call = |model, method| Some(ModelCall { model, method });
-        assert_eq!(
-            model_call("/v1beta/models/gemini-2.5-pro:generateContent"),
-            call("gemini-2.5-pro", "generateContent")
-        );
-        assert_eq!(
-            model_call("/v1/models/gemini-2.5-flash:streamGenerateContent"),
-            call("gemini-2.5-flash", "streamGenerateContent")
-        );
-        assert_eq!(
-            model_call(
-                "/v1/projects/p1/locations/us-central1/publishers/google/models/gemini-2.5-pro:countTokens"
-            ),
-            call("gemini-2.5-pro", "countTokens")
-        );
-        for other in [
-            "/v1/models",
-            "/v1/models/gpt-4o",
-            "/v1/chat/completions",
-            "/v2/models/m:generateContent",
-            "/v1beta/models/:generateContent",
-            "/v1beta/models/m:",
-            "/v1beta/models/m%2F..:generateContent",
-            "/v1beta/tunedModels/m:generateContent",
-        ] {
-            assert_eq!(model_call(other), None, "{other}");
-        }
-    }
-}
+mod tests;

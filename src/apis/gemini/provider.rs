@@ -5,7 +5,7 @@ use http::header::HeaderName;
 use http::StatusCode;
 use serde_json::json;
 
-use super::{is_google_path, model_call};
+use super::path::{is_google_path, model_call};
 use crate::config::UpstreamApi;
 use crate::provider::{ErrorFacts, Provider};
 

@@ -118,7 +118,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
     let stripped = Bytes::from(Value::Object(fields).to_string());
     let under = ask
         .engine
-        .count(Api::Messages.front_end(), ask.upstream, &stripped)
+        .count(&Api::Messages.body_request(), ask.upstream, &stripped)
         .is_none_or(|tokens| tokens < trigger);
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
@@ -130,7 +130,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
     let compacted = crate::served::compacted(
         ask,
         stripped.clone(),
-        Api::Messages.front_end(),
+        &Api::Messages.body_request(),
         summary_prompt.as_deref(),
     )
     .await?;
@@ -249,7 +249,7 @@ fn edit_request(
     let count = |fields: &Map<String, Value>| {
         let body = serde_json::to_vec(fields).unwrap_or_default();
         engine
-            .count(Api::Messages.front_end(), upstream, &body)
+            .count(&Api::Messages.body_request(), upstream, &body)
             .unwrap_or(0)
     };
     let applied = editing::apply(&mut fields, &edits, &count);

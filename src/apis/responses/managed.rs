@@ -51,12 +51,12 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
         Some(threshold) => {
             let under = ask
                 .engine
-                .count(Api::Responses.front_end(), ask.upstream, &stripped)
+                .count(&Api::Responses.body_request(), ask.upstream, &stripped)
                 .is_none_or(|tokens| tokens < threshold);
             if under {
                 return Ok(Managed::Stripped(stripped));
             }
-            compacted(ask, stripped.clone(), Api::Responses.front_end(), None).await?
+            compacted(ask, stripped.clone(), &Api::Responses.body_request(), None).await?
         }
         // Without a threshold the provider decides when: compactor's own triggers do here,
         // and a summary they call for is the compaction the client gets.
@@ -198,7 +198,7 @@ async fn compacted_by_triggers(ask: &Ask<'_>, body: Bytes) -> Result<Compacted, 
             body,
             ask.upstream,
             ask.caller,
-            Api::Responses.front_end(),
+            &Api::Responses.body_request(),
         )
         .await
         .map_err(|refused| failed(refused.outcome.reason))

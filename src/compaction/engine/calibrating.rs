@@ -24,7 +24,7 @@ pub(super) fn log_calibration(model: &str, counted: u64, learned: Learned) {
 /// by class on the planner's pool, off the response path.
 pub struct CalibrationSample {
     inner: Arc<Inner>,
-    api: &'static dyn FrontEnd,
+    api: ApiRequest,
     /// The upstream and model it calibrates ([`calibration_key`]).
     key: String,
     model: String,
@@ -92,7 +92,7 @@ impl CompactionEngine {
     /// body, when the model is due a sample.
     pub fn calibration_sample(
         &self,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
         upstream: &str,
         model: &str,
         compacted: &Compacted,
@@ -111,7 +111,7 @@ impl CompactionEngine {
             .calibration_claim(upstream, model)?;
         Some(CalibrationSample {
             inner: self.inner.clone(),
-            api,
+            api: api.clone(),
             key: calibration_key(upstream, model),
             model: model.to_string(),
             body: compacted.body.clone(),

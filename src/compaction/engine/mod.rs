@@ -16,8 +16,7 @@ use tracing::Instrument;
 use crate::compaction::calibration::{Learned, SampleClaim};
 use crate::compaction::control::{self, Control};
 use crate::compaction::failure::CompactionFailure;
-use crate::compaction::front_end::FrontEnd;
-use crate::compaction::front_end::Parsed;
+use crate::compaction::front_end::{ApiRequest, Parsed};
 use crate::compaction::offload::{CpuPool, Offloaded};
 use crate::compaction::planner::conversation::Dialect;
 use crate::compaction::planner::plan::CachedSummary;
@@ -87,17 +86,6 @@ impl Drop for Running {
         lock(&background.bases).remove(&self.base);
         background.running.send_modify(|n| *n = n.saturating_sub(1));
     }
-}
-
-/// Whether a request body asks for a streamed answer: a top-level `"stream": true` (a key
-/// inside a string has escaped quotes and never matches; one nested in a tool schema could,
-/// and only makes an over-window request refused rather than forwarded).
-fn declares_stream(body: &[u8]) -> bool {
-    memchr::memmem::find_iter(body, br#""stream""#).any(|at| {
-        let rest = body[at + 8..].trim_ascii_start();
-        rest.strip_prefix(b":")
-            .is_some_and(|rest| rest.trim_ascii_start().starts_with(b"true"))
-    })
 }
 
 /// The body to forward and what compaction did.
@@ -234,7 +222,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
     ) -> Result<Compacted, CompactionRefused> {
         self.compact_as(headers, body, upstream, caller, api, Asked::default())
             .await
@@ -248,7 +236,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
         asked: Asked<'_>,
     ) -> Result<Compacted, CompactionRefused> {
         let first = self
@@ -279,18 +267,13 @@ impl CompactionEngine {
 
     /// compactor's count of a body's input (its messages and schemas), as its triggers count
     /// it; None for a body its front-end cannot plan.
-    pub fn count(&self, api: &'static dyn FrontEnd, upstream: &str, body: &[u8]) -> Option<u64> {
+    pub fn count(&self, api: &ApiRequest, upstream: &str, body: &[u8]) -> Option<u64> {
         self.input_tokens(api, upstream, body, false)
     }
 
     /// A body's input counted as a retry after a context-length error plans it: with the
     /// model's own tokenizer where compactor has it, else the estimate.
-    pub fn count_as_retried(
-        &self,
-        api: &'static dyn FrontEnd,
-        upstream: &str,
-        body: &[u8],
-    ) -> Option<u64> {
+    pub fn count_as_retried(&self, api: &ApiRequest, upstream: &str, body: &[u8]) -> Option<u64> {
         self.input_tokens(api, upstream, body, true)
     }
 
@@ -298,7 +281,7 @@ impl CompactionEngine {
     /// compactor has it.
     fn input_tokens(
         &self,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
         upstream: &str,
         body: &[u8],
         exact: bool,
@@ -325,7 +308,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
         reactive: Reactive,
     ) -> Result<Compacted, CompactionRefused> {
         let asked = Asked {
@@ -341,7 +324,7 @@ impl CompactionEngine {
         body: Bytes,
         upstream: &str,
         caller: Caller<'_>,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
         asked: Asked<'_>,
     ) -> Result<Compacted, CompactionRefused> {
         let Asked {
@@ -410,16 +393,14 @@ impl CompactionEngine {
                 None,
             ),
         };
-        self.fits(result, window)
+        self.fits(result, window, api)
     }
 
-    /// The notice form for this request: asked for, else configured; a chunk only where the
-    /// API's stream can carry one.
-    fn notice_mode(&self, headers: &HeaderMap, api: &'static dyn FrontEnd) -> NoticeMode {
-        match control::notice_mode(headers, self.inner.planner.config.notice) {
-            NoticeMode::Chunk if !api.notice_chunk_fits() => NoticeMode::Comment,
-            mode => mode,
-        }
+    /// The notice form for this request: asked for, else configured, in the form the API's
+    /// stream can carry.
+    fn notice_mode(&self, headers: &HeaderMap, api: &ApiRequest) -> NoticeMode {
+        let asked = control::notice_mode(headers, self.inner.planner.config.notice);
+        api.front_end.notice_form(asked)
     }
 
     /// The control a request is planned under; or why it goes as it is before it is parsed:
@@ -430,7 +411,7 @@ impl CompactionEngine {
         headers: &HeaderMap,
         body: &[u8],
         caller: Caller<'_>,
-        api: &'static dyn FrontEnd,
+        api: &ApiRequest,
         reactive: bool,
     ) -> Result<Control, Reason> {
         let planner = &self.inner.planner;
@@ -441,7 +422,7 @@ impl CompactionEngine {
         if control == Control::Off {
             return Err(Reason::DisabledByHeader);
         }
-        if !reactive && control != Control::Force && api.size_bound_applies() {
+        if !reactive && control != Control::Force && api.front_end.size_bound_applies() {
             let settings = planner.settings_for(caller.key).0;
             let share = planner.config.precompute_at.unwrap_or(1.0);
             if provably_under(body, settings, &planner.windows.bounds(), share) {
@@ -462,7 +443,7 @@ impl CompactionEngine {
         let body = body.clone();
         let credentials = ask.credentials.clone();
         let upstream = ask.upstream.to_string();
-        let (force, api, reactive) = (ask.force, ask.api, ask.reactive);
+        let (force, api, reactive) = (ask.force, ask.api.clone(), ask.reactive);
         let summary_prompt = ask.summary_prompt.map(str::to_string);
         let runtime = tokio::runtime::Handle::current();
         self.inner
@@ -472,7 +453,7 @@ impl CompactionEngine {
                     credentials: &credentials,
                     upstream: &upstream,
                     force,
-                    api,
+                    api: &api,
                     reactive,
                     summary_prompt: summary_prompt.as_deref(),
                 };
@@ -487,6 +468,7 @@ impl CompactionEngine {
         &self,
         result: Result<Compacted, CompactionRefused>,
         window: Option<u64>,
+        api: &ApiRequest,
     ) -> Result<Compacted, CompactionRefused> {
         let compacted = result?;
         let tokens = compacted.outcome.token_counts().map(|(_, after)| after);
@@ -497,7 +479,7 @@ impl CompactionEngine {
         // calibrated or exact: servers such as llama.cpp's answer one with 200 and an empty stream,
         // which no retry can see, so forwarding it loses the request silently.
         let refuse = self.inner.planner.config.fail_mode == FailMode::Closed
-            || (compacted.outcome.basis.is_measured() && declares_stream(&compacted.body));
+            || (compacted.outcome.basis.is_measured() && api.streams(&compacted.body));
         if refuse && tokens >= window {
             return Err(CompactionRefused {
                 failure: CompactionFailure::ContextTooLarge { tokens, window },

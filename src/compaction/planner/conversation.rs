@@ -95,6 +95,12 @@ pub trait Dialect: Sync + std::fmt::Debug {
     /// What a content part of this API's `type` is.
     fn part_kind(&self, kind: &str) -> PartKind;
 
+    /// What a content part is: by its `type` for an API that types its parts; an API whose
+    /// parts are known by their members (Google's) reads those.
+    fn kind_of(&self, part: &PartView<'_>) -> Option<PartKind> {
+        part.kind.as_deref().map(|kind| self.part_kind(kind))
+    }
+
     /// `role: "system"` turns inside the message list are context the client placed there:
     /// kept, never summarized (Anthropic's Messages).
     fn keeps_system_turns(&self) -> bool {
@@ -511,7 +517,7 @@ impl PinnedText {
 
 /// One part of an array `content`, its members raw.
 #[derive(Deserialize)]
-pub(crate) struct PartView<'a> {
+pub struct PartView<'a> {
     #[serde(borrow, rename = "type", default)]
     pub kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -527,6 +533,22 @@ pub(crate) struct PartView<'a> {
     pub content: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub tool_use_id: Option<Cow<'a, str>>,
+    /// Google's parts are known by their one data member, in either spelling.
+    #[serde(borrow, default, rename = "inlineData", alias = "inline_data")]
+    pub inline_data: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "fileData", alias = "file_data")]
+    pub file_data: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "functionCall", alias = "function_call")]
+    pub function_call: Option<&'a RawValue>,
+    #[serde(
+        borrow,
+        default,
+        rename = "functionResponse",
+        alias = "function_response"
+    )]
+    pub function_response: Option<&'a RawValue>,
+    #[serde(default)]
+    pub thought: Option<bool>,
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.
@@ -604,7 +626,7 @@ fn content_pieces(raw: Json<'_>, dialect: &dyn Dialect, visit: &mut dyn FnMut(Pi
     for part in parts {
         match serde_json::from_str::<PartView>(part.get()) {
             Ok(view) => {
-                let kind = view.kind.as_deref().map(|kind| dialect.part_kind(kind));
+                let kind = dialect.kind_of(&view);
                 match (kind, view.text, view.refusal) {
                     (Some(PartKind::Image), _, _) => visit(Piece::Image),
                     (_, Some(text), _) if text.get().starts_with('"') => {

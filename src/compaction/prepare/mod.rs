@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::compaction::front_end::{FrontEnd, Parsed};
+use crate::compaction::front_end::{ApiRequest, Parsed};
 use crate::compaction::overflow::Overflow;
 use crate::compaction::planner::clearing::Cleared;
 use crate::compaction::planner::conversation::{Conversation, Dialect};
@@ -189,7 +189,7 @@ pub(super) struct Ask<'r> {
     pub credentials: &'r Credentials,
     pub upstream: &'r str,
     pub force: bool,
-    pub api: &'static dyn FrontEnd,
+    pub api: &'r ApiRequest,
     pub reactive: Option<Reactive>,
     /// The client's own summary prompt for this request (a template with `{messages}`), in
     /// place of `summary_prompt`.

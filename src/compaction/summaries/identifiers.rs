@@ -22,7 +22,7 @@ pub const MAX_ENTRY_CHARS: usize = 160;
 
 /// Keys whose strings are not the conversation's words: ids of compactor's or the API's
 /// bookkeeping, signatures and opaque payloads.
-const SKIPPED_KEYS: [&str; 12] = [
+const SKIPPED_KEYS: [&str; 16] = [
     "id",
     "tool_use_id",
     "tool_call_id",
@@ -35,6 +35,10 @@ const SKIPPED_KEYS: [&str; 12] = [
     "role",
     "cache_control",
     "media_type",
+    "thoughtSignature",
+    "thought_signature",
+    "mimeType",
+    "mime_type",
 ];
 
 /// Words whose line is worth keeping whole: an error as it was printed.

@@ -39,7 +39,7 @@ pub(super) fn call_line(call: &crate::compaction::planner::conversation::ToolCal
 }
 
 /// A message's text, its tool calls, base64 payloads replaced by placeholders.
-pub(super) fn message_body(message: &Message<'_>) -> String {
+pub(crate) fn message_body(message: &Message<'_>) -> String {
     let mut body = content_text(message);
     for call in &message.tool_calls {
         if !body.is_empty() {
@@ -87,7 +87,10 @@ pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<St
             .unwrap_or_default()
     };
     let kind = part.kind.as_deref().unwrap_or("");
-    Some(match dialect.part_kind(kind) {
+    let part_kind = dialect
+        .kind_of(part)
+        .unwrap_or_else(|| dialect.part_kind(kind));
+    Some(match part_kind {
         PartKind::Text => text_of(part.text),
         PartKind::Refusal => text_of(part.refusal),
         PartKind::Image => image_text(part),
@@ -102,6 +105,21 @@ pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<St
         PartKind::Document => "[document]".to_string(),
         PartKind::Audio => "[audio]".to_string(),
         PartKind::ToolCall | PartKind::Reasoning => return None,
+        PartKind::ToolResult if part.function_response.is_some() => {
+            let response: Option<FunctionResponse<'_>> = part
+                .function_response
+                .and_then(|raw| serde_json::from_str(raw.get()).ok());
+            let name = response.as_ref().and_then(|r| r.name.as_deref());
+            let result = response
+                .as_ref()
+                .and_then(|r| r.response)
+                .map(response_text);
+            format!(
+                "← result [{}]: {}",
+                name.unwrap_or(""),
+                result.unwrap_or_default()
+            )
+        }
         PartKind::ToolResult => {
             let id = part.tool_use_id.as_deref().unwrap_or("");
             let result = match part.content {
@@ -121,6 +139,32 @@ pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<St
         PartKind::Opaque if kind.is_empty() => "[part]".to_string(),
         PartKind::Opaque => format!("[{kind} part]"),
     })
+}
+
+/// A Google function response: its name and its `response` object.
+#[derive(serde::Deserialize)]
+struct FunctionResponse<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+/// A function response object as the summarizer reads it: a lone text `output` (the Gemini
+/// CLI's tools) as its text, anything else as its JSON.
+fn response_text(raw: &RawValue) -> String {
+    #[derive(serde::Deserialize)]
+    struct Output<'a> {
+        #[serde(borrow)]
+        output: &'a RawValue,
+    }
+    let output = serde_json::from_str::<Output<'_>>(raw.get())
+        .ok()
+        .and_then(|object| json_text(object.output.get()));
+    match output {
+        Some(text) => text.into_owned(),
+        None => raw.get().to_string(),
+    }
 }
 
 /// An image part: its URL when it has one that is not inline data, else a placeholder.

@@ -308,10 +308,12 @@ pub async fn stack_with(summarization: &str, summarizer_options: MockOptions) ->
         ..summarizer_options
     })
     .await;
+    // The same mock plays Google behind an `api: gemini` upstream, at its root.
     let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n{summarization}",
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\n  - name: gemini\n    api: gemini\n    base_url: {}\n    api_key: g-upstream\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n{summarization}",
         upstream.base_url(),
-        summarizer.base_url()
+        summarizer.base_url(),
+        upstream.base_url().trim_end_matches("/v1"),
     );
     let proxy = proxy(&yaml).await;
     Stack {
