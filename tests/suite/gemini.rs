@@ -338,3 +338,24 @@ async fn a_request_on_cached_content_is_left_alone() {
     assert_eq!(outcome(&response), "skipped");
     assert_eq!(stack.upstream.last_request().unwrap().body, body.as_bytes());
 }
+
+#[tokio::test]
+async fn googles_usage_calibrates_the_count_of_a_model_named_by_the_path() {
+    let stack = stack_with(AGENT_SUMMARIZATION, Default::default()).await;
+    let mut last = None;
+    for steps in [2, 4, 6, 8, 10, 12] {
+        let body = gemini_body(&agent_turns(steps, 1_200));
+        let response = roundtrip(&client(), json_request(&stack.proxy.url(CALL), body, &[])).await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+        // The sample this response gave is learned before the next request is counted.
+        if let Some(engine) = stack.proxy.app.compaction() {
+            tokio::time::timeout(BOUND, engine.calibrations_idle())
+                .await
+                .expect("calibration within bound");
+        }
+        last = Some(response);
+    }
+    let last = last.expect("a response");
+    assert_eq!(outcome(&last), "summarized");
+    assert_eq!(last.headers["x-compactor-tokens-count"], "calibrated");
+}

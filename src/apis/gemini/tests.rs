@@ -134,6 +134,9 @@ fn the_path_names_the_model_and_the_stream() {
     let call = "/v1beta/models/gemini-2.5-pro:streamGenerateContent";
     assert!(Gemini.serves_path(call));
     assert!(Gemini.serves_path("/v1/models/m:generateContent"));
+    let vertex = "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent";
+    assert!(Gemini.serves_path(vertex));
+    assert_eq!(Gemini.path_model(vertex), Some("gemini-2.5-pro"));
     assert!(!Gemini.serves_path("/v1beta/models/m:countTokens"));
     assert_eq!(Gemini.path_model(call), Some("gemini-2.5-pro"));
     assert!(Gemini.path_streams(call));
