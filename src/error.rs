@@ -38,7 +38,9 @@ pub enum ProxyError {
     UpgradeRefused(&'static str),
     #[error("transfer coding '{0}' is not supported; send the body plain or chunked")]
     UnsupportedTransferEncoding(String),
-    #[error("a valid API key is required: pass it as Authorization: Bearer <key> or x-api-key")]
+    #[error(
+        "a valid API key is required: pass it as Authorization: Bearer <key>, x-api-key or x-goog-api-key"
+    )]
     MissingKey,
     #[error("incorrect API key provided")]
     UnknownKey,

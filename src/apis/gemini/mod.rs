@@ -33,6 +33,7 @@ use crate::compaction::planner::raw_json::{
     deserialize_raw_object, object_span, offset_in, RawObject,
 };
 use crate::compaction::reason::Reason;
+use crate::compaction::summaries::message_text::json_text;
 use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
 
 pub mod path;
@@ -102,9 +103,18 @@ impl<'a> RawObject<'a> for TurnFields<'a> {
     }
 }
 
-/// One part, as far as pairing and clearing read it.
+/// One part: Google's parts carry no type, each is known by its one data member.
 #[derive(Deserialize)]
 struct PartFields<'a> {
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    /// A thought is reasoning whatever it holds.
+    #[serde(default)]
+    thought: Option<bool>,
+    #[serde(borrow, default, rename = "inlineData", alias = "inline_data")]
+    inline_data: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "fileData", alias = "file_data")]
+    file_data: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "functionCall", alias = "function_call")]
     function_call: Option<FunctionCall<'a>>,
     #[serde(
@@ -114,6 +124,26 @@ struct PartFields<'a> {
         alias = "function_response"
     )]
     function_response: Option<FunctionResponse<'a>>,
+}
+
+impl PartFields<'_> {
+    fn kind(&self) -> PartKind {
+        if self.thought == Some(true) {
+            PartKind::Reasoning
+        } else if self.text.is_some() {
+            PartKind::Text
+        } else if self.inline_data.is_some() {
+            PartKind::Image
+        } else if self.file_data.is_some() {
+            PartKind::File
+        } else if self.function_call.is_some() {
+            PartKind::ToolCall
+        } else if self.function_response.is_some() {
+            PartKind::ToolResult
+        } else {
+            PartKind::Opaque
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -268,24 +298,28 @@ impl Dialect for Gemini {
         PartKind::Opaque
     }
 
-    /// A part is what its one data member is; a thought is reasoning whatever it holds.
-    fn kind_of(&self, part: &PartView<'_>) -> Option<PartKind> {
-        let kind = if part.thought == Some(true) {
-            PartKind::Reasoning
-        } else if part.text.is_some() {
-            PartKind::Text
-        } else if part.inline_data.is_some() {
-            PartKind::Image
-        } else if part.file_data.is_some() {
-            PartKind::File
-        } else if part.function_call.is_some() {
-            PartKind::ToolCall
-        } else if part.function_response.is_some() {
-            PartKind::ToolResult
-        } else {
-            PartKind::Opaque
-        };
-        Some(kind)
+    fn kind_of(&self, _part: &PartView<'_>, raw: &str) -> Option<PartKind> {
+        serde_json::from_str::<PartFields<'_>>(raw)
+            .ok()
+            .map(|part| part.kind())
+    }
+
+    /// `← result [name]: …`, a lone text `output` (the Gemini CLI's tools answer so) as its
+    /// text, any other response as its JSON.
+    fn result_shown(&self, raw: &str) -> Option<String> {
+        let response = serde_json::from_str::<PartFields<'_>>(raw)
+            .ok()?
+            .function_response?;
+        let object = response.response.map(RawValue::get).unwrap_or("");
+        let output = serde_json::from_str::<ResponseObject<'_>>(object)
+            .ok()
+            .and_then(|object| object.output)
+            .and_then(|output| json_text(output.get()));
+        let shown = output.map_or_else(|| object.to_string(), Cow::into_owned);
+        Some(format!(
+            "← result [{}]: {shown}",
+            response.name.as_deref().unwrap_or("")
+        ))
     }
 
     fn parse_message<'a>(&self, raw: &'a str) -> Option<Message<'a>> {

@@ -95,10 +95,16 @@ pub trait Dialect: Sync + std::fmt::Debug {
     /// What a content part of this API's `type` is.
     fn part_kind(&self, kind: &str) -> PartKind;
 
-    /// What a content part is: by its `type` for an API that types its parts; an API whose
-    /// parts are known by their members (Google's) reads those.
-    fn kind_of(&self, part: &PartView<'_>) -> Option<PartKind> {
+    /// What a content part (`raw`, read as `part`) is: by its `type` for an API that types its
+    /// parts; an API whose parts are known by their members (Google's) reads those in `raw`.
+    fn kind_of(&self, part: &PartView<'_>, _raw: &str) -> Option<PartKind> {
         part.kind.as_deref().map(|kind| self.part_kind(kind))
+    }
+
+    /// What the summarizer is shown of a tool result part, for an API whose results are not
+    /// `tool_result` blocks with a `tool_use_id` and a `content` (Google's function responses).
+    fn result_shown(&self, _raw: &str) -> Option<String> {
+        None
     }
 
     /// `role: "system"` turns inside the message list are context the client placed there:
@@ -533,22 +539,6 @@ pub struct PartView<'a> {
     pub content: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub tool_use_id: Option<Cow<'a, str>>,
-    /// Google's parts are known by their one data member, in either spelling.
-    #[serde(borrow, default, rename = "inlineData", alias = "inline_data")]
-    pub inline_data: Option<&'a RawValue>,
-    #[serde(borrow, default, rename = "fileData", alias = "file_data")]
-    pub file_data: Option<&'a RawValue>,
-    #[serde(borrow, default, rename = "functionCall", alias = "function_call")]
-    pub function_call: Option<&'a RawValue>,
-    #[serde(
-        borrow,
-        default,
-        rename = "functionResponse",
-        alias = "function_response"
-    )]
-    pub function_response: Option<&'a RawValue>,
-    #[serde(default)]
-    pub thought: Option<bool>,
 }
 
 /// A string value's text (borrowed when it has no escapes); None for null or a non-string.
@@ -626,7 +616,7 @@ fn content_pieces(raw: Json<'_>, dialect: &dyn Dialect, visit: &mut dyn FnMut(Pi
     for part in parts {
         match serde_json::from_str::<PartView>(part.get()) {
             Ok(view) => {
-                let kind = dialect.kind_of(&view);
+                let kind = dialect.kind_of(&view, part.get());
                 match (kind, view.text, view.refusal) {
                     (Some(PartKind::Image), _, _) => visit(Piece::Image),
                     (_, Some(text), _) if text.get().starts_with('"') => {

@@ -63,9 +63,9 @@ pub(super) fn content_text(message: &Message<'_>) -> String {
             out.push_str(&text);
             continue;
         }
-        let parts: Vec<PartView<'_>> = serde_json::from_str(raw.get()).unwrap_or_default();
-        for part in parts {
-            let Some(piece) = part_text(&part, message.dialect) else {
+        let parts: Vec<&RawValue> = serde_json::from_str(raw.get()).unwrap_or_default();
+        for raw in parts {
+            let Some(piece) = part_text(raw.get(), message.dialect) else {
                 continue;
             };
             if !out.is_empty() {
@@ -77,10 +77,13 @@ pub(super) fn content_text(message: &Message<'_>) -> String {
     out
 }
 
-/// What the summarizer is shown of one content part, by what its API says it is; None for
-/// parts it never sees: a call inside the content (listed with the message's calls) and
+/// What the summarizer is shown of one content part (`raw`), by what its API says it is; None
+/// for parts it never sees: a call inside the content (listed with the message's calls) and
 /// reasoning, which is opaque.
-pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<String> {
+pub(super) fn part_text(raw: &str, dialect: &dyn Dialect) -> Option<String> {
+    let Ok(part) = serde_json::from_str::<PartView<'_>>(raw) else {
+        return json_text(raw).map(Cow::into_owned);
+    };
     let text_of = |raw: Option<&RawValue>| -> String {
         raw.and_then(|r| json_text(r.get()))
             .map(Cow::into_owned)
@@ -88,12 +91,12 @@ pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<St
     };
     let kind = part.kind.as_deref().unwrap_or("");
     let part_kind = dialect
-        .kind_of(part)
+        .kind_of(&part, raw)
         .unwrap_or_else(|| dialect.part_kind(kind));
     Some(match part_kind {
         PartKind::Text => text_of(part.text),
         PartKind::Refusal => text_of(part.refusal),
-        PartKind::Image => image_text(part),
+        PartKind::Image => image_text(&part),
         PartKind::File => {
             let file: Option<serde_json::Value> =
                 part.file.and_then(|r| serde_json::from_str(r.get()).ok());
@@ -105,30 +108,18 @@ pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<St
         PartKind::Document => "[document]".to_string(),
         PartKind::Audio => "[audio]".to_string(),
         PartKind::ToolCall | PartKind::Reasoning => return None,
-        PartKind::ToolResult if part.function_response.is_some() => {
-            let response: Option<FunctionResponse<'_>> = part
-                .function_response
-                .and_then(|raw| serde_json::from_str(raw.get()).ok());
-            let name = response.as_ref().and_then(|r| r.name.as_deref());
-            let result = response
-                .as_ref()
-                .and_then(|r| r.response)
-                .map(response_text);
-            format!(
-                "← result [{}]: {}",
-                name.unwrap_or(""),
-                result.unwrap_or_default()
-            )
-        }
         PartKind::ToolResult => {
+            if let Some(shown) = dialect.result_shown(raw) {
+                return Some(shown);
+            }
             let id = part.tool_use_id.as_deref().unwrap_or("");
             let result = match part.content {
                 Some(raw) if raw.get().starts_with('[') => {
-                    let nested: Vec<PartView<'_>> =
+                    let nested: Vec<&RawValue> =
                         serde_json::from_str(raw.get()).unwrap_or_default();
                     nested
                         .iter()
-                        .filter_map(|part| part_text(part, dialect))
+                        .filter_map(|part| part_text(part.get(), dialect))
                         .collect::<Vec<_>>()
                         .join("\n")
                 }
@@ -139,32 +130,6 @@ pub(super) fn part_text(part: &PartView<'_>, dialect: &dyn Dialect) -> Option<St
         PartKind::Opaque if kind.is_empty() => "[part]".to_string(),
         PartKind::Opaque => format!("[{kind} part]"),
     })
-}
-
-/// A Google function response: its name and its `response` object.
-#[derive(serde::Deserialize)]
-struct FunctionResponse<'a> {
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    response: Option<&'a RawValue>,
-}
-
-/// A function response object as the summarizer reads it: a lone text `output` (the Gemini
-/// CLI's tools) as its text, anything else as its JSON.
-fn response_text(raw: &RawValue) -> String {
-    #[derive(serde::Deserialize)]
-    struct Output<'a> {
-        #[serde(borrow)]
-        output: &'a RawValue,
-    }
-    let output = serde_json::from_str::<Output<'_>>(raw.get())
-        .ok()
-        .and_then(|object| json_text(object.output.get()));
-    match output {
-        Some(text) => text.into_owned(),
-        None => raw.get().to_string(),
-    }
 }
 
 /// An image part: its URL when it has one that is not inline data, else a placeholder.
