@@ -6,7 +6,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::compaction::planner::conversation::Dialect;
-use crate::compaction::planner::conversation::{Conversation, ParseError};
+use crate::compaction::planner::conversation::{Conversation, Message, ParseError};
+use crate::compaction::planner::raw_json::{object_span, offset_in, RoleAndContent};
 use crate::compaction::reason::Reason;
 use crate::config::NoticeMode;
 
@@ -22,6 +23,28 @@ pub enum Parsed<'a> {
 pub enum Unplannable {
     LeaveAlone(Reason),
     Bad(String),
+}
+
+/// Each of `items` (read from `text` in the body's one pass) as a message, by `message`, which
+/// gets the item's own bytes: the messages, or why the body is left alone.
+pub(crate) fn read_messages<'a, M>(
+    text: &'a str,
+    items: &[RoleAndContent<'a, M>],
+    message: impl Fn(&'a str, &RoleAndContent<'a, M>) -> Result<Message<'a>, Unplannable>,
+) -> Result<Result<Vec<Message<'a>>, Reason>, ParseError> {
+    let mut messages = Vec::with_capacity(items.len());
+    for (i, fields) in items.iter().enumerate() {
+        let first = offset_in(text, fields.first);
+        let last_end = offset_in(text, fields.last) + fields.last.len();
+        let span = object_span(text, first, last_end)
+            .ok_or_else(|| ParseError::BadMessage(i, "cannot locate the message".into()))?;
+        match message(&text[span], fields) {
+            Ok(message) => messages.push(message),
+            Err(Unplannable::LeaveAlone(reason)) => return Ok(Err(reason)),
+            Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
+        }
+    }
+    Ok(Ok(messages))
 }
 
 pub trait FrontEnd: Dialect {

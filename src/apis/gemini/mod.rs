@@ -24,14 +24,12 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
+use crate::compaction::front_end::{read_messages, FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::{
     string_value, Conversation, Dialect, Json, Message, ParseError, PartKind, PartView, Role,
     ToolCall, ToolOutput,
 };
-use crate::compaction::planner::raw_json::{
-    deserialize_raw_object, object_span, offset_in, RawObject,
-};
+use crate::compaction::planner::raw_json::{ContentMember, RoleAndContent};
 use crate::compaction::reason::Reason;
 use crate::compaction::summaries::message_text::json_text;
 use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
@@ -69,39 +67,14 @@ struct GenerationConfig {
     max_output_tokens: Option<u64>,
 }
 
-/// The members of one turn that planning reads, as raw slices of the body; `first` and `last`
-/// locate the object's braces.
-#[derive(Default)]
-struct TurnFields<'a> {
-    role: Option<&'a str>,
-    parts: Option<&'a str>,
-    first: &'a str,
-    last: &'a str,
+/// A turn's members that planning reads: its role and `parts`.
+struct Parts;
+
+impl ContentMember for Parts {
+    const NAME: &'static str = "parts";
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for TurnFields<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserialize_raw_object(deserializer)
-    }
-}
-
-impl<'a> RawObject<'a> for TurnFields<'a> {
-    const EXPECTING: &'static str = "a content object";
-
-    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
-        match key {
-            "role" => Some(&mut self.role),
-            "parts" => Some(&mut self.parts),
-            _ => None,
-        }
-    }
-
-    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
-        let (first, last) = ends.ok_or_else(|| E::custom("a content has no members"))?;
-        (self.first, self.last) = (first, last);
-        Ok(self)
-    }
-}
+type TurnFields<'a> = RoleAndContent<'a, Parts>;
 
 /// One part: Google's parts carry no type, each is known by its one data member.
 #[derive(Deserialize)]
@@ -180,18 +153,10 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let Some(turns) = view.contents else {
         return Err(ParseError::NotChat("no contents array".into()));
     };
-    let mut messages = Vec::with_capacity(turns.len());
-    for (i, fields) in turns.iter().enumerate() {
-        let first = offset_in(text, fields.first);
-        let last_end = offset_in(text, fields.last) + fields.last.len();
-        let span = object_span(text, first, last_end)
-            .ok_or_else(|| ParseError::BadMessage(i, "cannot locate the content".into()))?;
-        match message(&text[span], fields) {
-            Ok(message) => messages.push(message),
-            Err(Unplannable::LeaveAlone(reason)) => return Ok(Parsed::LeaveAlone(reason)),
-            Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
-        }
-    }
+    let messages = match read_messages(text, &turns, message)? {
+        Ok(messages) => messages,
+        Err(reason) => return Ok(Parsed::LeaveAlone(reason)),
+    };
     let output_reserve = view
         .generation_config
         .and_then(|config| config.max_output_tokens)
@@ -239,7 +204,7 @@ fn message<'a>(raw: &'a str, fields: &TurnFields<'a>) -> Result<Message<'a>, Unp
             )))
         }
     };
-    let parts = fields.parts.filter(|raw| *raw != "null");
+    let parts = fields.content.filter(|raw| *raw != "null");
     let mut calls = Vec::new();
     let mut answers = Vec::new();
     let mut outputs = Vec::new();

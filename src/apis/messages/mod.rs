@@ -24,14 +24,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::ops::Range;
 
-use crate::compaction::front_end::{FrontEnd, Parsed, Unplannable};
+use crate::compaction::front_end::{read_messages, FrontEnd, Parsed, Unplannable};
 use crate::compaction::planner::conversation::{
     string_value, Conversation, Json, Message, ParseError, Role, ToolCall, ToolOutput,
 };
 use crate::compaction::planner::conversation::{Dialect, PartKind};
-use crate::compaction::planner::raw_json::{
-    deserialize_raw_object, object_span, offset_in, RawObject,
-};
+use crate::compaction::planner::raw_json::{ContentMember, RoleAndContent};
 use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
@@ -57,39 +55,14 @@ struct RequestView<'a> {
     context_management: Option<&'a RawValue>,
 }
 
-/// The members of one message that planning reads, as raw slices of the body; `first` and
-/// `last` locate the object's braces.
-#[derive(Default)]
-struct MessageFields<'a> {
-    role: Option<&'a str>,
-    content: Option<&'a str>,
-    first: &'a str,
-    last: &'a str,
+/// A message's members that planning reads: its role and `content`.
+struct Content;
+
+impl ContentMember for Content {
+    const NAME: &'static str = "content";
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserialize_raw_object(deserializer)
-    }
-}
-
-impl<'a> RawObject<'a> for MessageFields<'a> {
-    const EXPECTING: &'static str = "a message object";
-
-    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
-        match key {
-            "role" => Some(&mut self.role),
-            "content" => Some(&mut self.content),
-            _ => None,
-        }
-    }
-
-    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
-        let (first, last) = ends.ok_or_else(|| E::custom("a message has no members"))?;
-        (self.first, self.last) = (first, last);
-        Ok(self)
-    }
-}
+type MessageFields<'a> = RoleAndContent<'a, Content>;
 
 /// One content block, its members raw.
 #[derive(Deserialize)]
@@ -159,18 +132,10 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let Some(fields) = view.messages else {
         return Err(ParseError::NotChat("no messages array".into()));
     };
-    let mut messages = Vec::with_capacity(fields.len());
-    for (i, fields) in fields.iter().enumerate() {
-        let first = offset_in(text, fields.first);
-        let last_end = offset_in(text, fields.last) + fields.last.len();
-        let span = object_span(text, first, last_end)
-            .ok_or_else(|| ParseError::BadMessage(i, "cannot locate the message".into()))?;
-        match message(&text[span], fields) {
-            Ok(message) => messages.push(message),
-            Err(Unplannable::LeaveAlone(reason)) => return Ok(Parsed::LeaveAlone(reason)),
-            Err(Unplannable::Bad(why)) => return Err(ParseError::BadMessage(i, why)),
-        }
-    }
+    let messages = match read_messages(text, &fields, message)? {
+        Ok(messages) => messages,
+        Err(reason) => return Ok(Parsed::LeaveAlone(reason)),
+    };
     Ok(Parsed::Conversation(Conversation::from_parts(
         body,
         view.model,

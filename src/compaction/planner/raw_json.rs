@@ -43,6 +43,57 @@ where
     deserializer.deserialize_map(ObjectVisitor(std::marker::PhantomData))
 }
 
+/// The member a message object holds its content in (`content`, Google's `parts`).
+pub(crate) trait ContentMember {
+    const NAME: &'static str;
+}
+
+/// A message object's `role` and content member (named by `M`), as raw slices of the body;
+/// `first` and `last` locate the object's braces ([`object_span`]).
+pub(crate) struct RoleAndContent<'a, M> {
+    pub role: Option<&'a str>,
+    pub content: Option<&'a str>,
+    pub first: &'a str,
+    pub last: &'a str,
+    member: std::marker::PhantomData<M>,
+}
+
+impl<M> Default for RoleAndContent<'_, M> {
+    fn default() -> Self {
+        RoleAndContent {
+            role: None,
+            content: None,
+            first: "",
+            last: "",
+            member: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'de: 'a, 'a, M: ContentMember> Deserialize<'de> for RoleAndContent<'a, M> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_raw_object(deserializer)
+    }
+}
+
+impl<'a, M: ContentMember> RawObject<'a> for RoleAndContent<'a, M> {
+    const EXPECTING: &'static str = "a message object";
+
+    fn slot(&mut self, key: &str) -> Option<&mut Option<&'a str>> {
+        match key {
+            "role" => Some(&mut self.role),
+            key if key == M::NAME => Some(&mut self.content),
+            _ => None,
+        }
+    }
+
+    fn finish<E: serde::de::Error>(mut self, ends: Option<(&'a str, &'a str)>) -> Result<Self, E> {
+        let (first, last) = ends.ok_or_else(|| E::custom("a message has no members"))?;
+        (self.first, self.last) = (first, last);
+        Ok(self)
+    }
+}
+
 /// Reads one JSON object's members with every value taken raw (a slice of the body, unknown
 /// members too), handing each key and value to `member`; returns the first and the last value,
 /// which locate the object's braces ([`object_span`]). None for an empty object.
