@@ -177,12 +177,14 @@ pub(crate) struct Carried {
 }
 
 /// `body` compacted as if `x-compactor: force` were sent: the client asked for it. With
-/// `summary_prompt` (a template), the summary is written to the client's own prompt.
+/// `summary_prompt` (a template), the summary is written to the client's own prompt; with
+/// `at_least`, only when it counts that many tokens.
 pub(crate) async fn compacted(
     ask: &Ask<'_>,
     body: Bytes,
     api: &ApiRequest,
     summary_prompt: Option<&str>,
+    at_least: Option<u64>,
 ) -> Result<Compacted, ProxyError> {
     let mut forced = ask.headers.clone();
     forced.insert(crate::headers::CONTROL, HeaderValue::from_static("force"));
@@ -190,7 +192,7 @@ pub(crate) async fn compacted(
         may_force: true,
         ..ask.caller
     };
-    let asked = Asked::summary_prompt(summary_prompt);
+    let asked = Asked::summary_prompt(summary_prompt).at_least(at_least);
     ask.engine
         .compact_as(&forced, body, ask.upstream, caller, api, asked)
         .await

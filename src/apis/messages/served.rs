@@ -116,28 +116,26 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
         .unwrap_or_default()
         .to_string();
     let stripped = Bytes::from(Value::Object(fields).to_string());
-    let under = ask
-        .engine
-        .count(&Api::Messages.body_request(), ask.upstream, &stripped)
-        .is_none_or(|tokens| tokens < trigger);
     let edited = |applied| Served::Edited {
         body: stripped.clone(),
         addition: Addition::applied(applied),
     };
-    if under {
-        return Ok(edited(applied));
-    }
     let compacted = crate::served::compacted(
         ask,
         stripped.clone(),
         &Api::Messages.body_request(),
         summary_prompt.as_deref(),
+        Some(trigger),
     )
     .await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {}
-        OutcomeKind::Skipped if nothing_to_summarize(outcome.reason) => return Ok(edited(applied)),
+        // Under the edit's own trigger, nothing worth a summary, or a body the planner does
+        // not read (uncounted): the edits applied, no compaction.
+        OutcomeKind::Skipped if !outcome.counted || nothing_to_summarize(outcome.reason) => {
+            return Ok(edited(applied))
+        }
         _ => return Err(failed(outcome.reason)),
     }
     let addition = Addition {

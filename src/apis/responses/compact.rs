@@ -84,7 +84,7 @@ struct Compaction {
 /// the planner, summarizer, cache and budget every request uses.
 async fn compact_forced(ask: &Ask<'_>, body: Bytes) -> Result<Compaction, ProxyError> {
     let original = input_items(&body);
-    let compacted = compacted(ask, body, &Api::Responses.body_request(), None).await?;
+    let compacted = compacted(ask, body, &Api::Responses.body_request(), None, None).await?;
     let outcome = compacted.outcome.clone();
     match outcome.kind {
         OutcomeKind::Summarized | OutcomeKind::Reused => {

@@ -13,6 +13,7 @@ use super::compact::array_field;
 use crate::apis::Api;
 use crate::body::ProxyBody;
 use crate::compaction::engine::Compacted;
+use crate::compaction::reason::Reason;
 use crate::compaction::{Outcome, OutcomeKind};
 use crate::error::ProxyError;
 use crate::served::splice::{spliced, write_event, Event, Splice};
@@ -49,14 +50,16 @@ pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
     let stripped = Bytes::from(Value::Object(fields).to_string());
     let compacted = match entry.get("compact_threshold").and_then(Value::as_u64) {
         Some(threshold) => {
-            let under = ask
-                .engine
-                .count(&Api::Responses.body_request(), ask.upstream, &stripped)
-                .is_none_or(|tokens| tokens < threshold);
+            let api = Api::Responses.body_request();
+            let compacted = compacted(ask, stripped.clone(), &api, None, Some(threshold)).await?;
+            // Under the client's threshold, or a body the planner does not read (uncounted).
+            let outcome = &compacted.outcome;
+            let under = outcome.kind == OutcomeKind::Skipped
+                && (!outcome.counted || outcome.reason == Reason::UnderTrigger);
             if under {
                 return Ok(Managed::Stripped(stripped));
             }
-            compacted(ask, stripped.clone(), &Api::Responses.body_request(), None).await?
+            compacted
         }
         // Without a threshold the provider decides when: compactor's own triggers do here,
         // and a summary they call for is the compaction the client gets.

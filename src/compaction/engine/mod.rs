@@ -313,7 +313,7 @@ impl CompactionEngine {
     ) -> Result<Compacted, CompactionRefused> {
         let asked = Asked {
             reactive: Some(reactive),
-            summary_prompt: None,
+            ..Asked::default()
         };
         self.run(headers, body, upstream, caller, api, asked).await
     }
@@ -330,6 +330,7 @@ impl CompactionEngine {
         let Asked {
             reactive,
             summary_prompt,
+            at_least,
         } = asked;
         let control = match self.control(headers, &body, caller, api, reactive.is_some()) {
             Ok(control) => control,
@@ -344,6 +345,7 @@ impl CompactionEngine {
             api,
             reactive,
             summary_prompt,
+            at_least,
         };
         let prepared = self.prepare(&body, &ask).await;
         let (result, window) = match prepared {
@@ -443,7 +445,8 @@ impl CompactionEngine {
         let body = body.clone();
         let credentials = ask.credentials.clone();
         let upstream = ask.upstream.to_string();
-        let (force, api, reactive) = (ask.force, ask.api.clone(), ask.reactive);
+        let (force, api, reactive, at_least) =
+            (ask.force, ask.api.clone(), ask.reactive, ask.at_least);
         let summary_prompt = ask.summary_prompt.map(str::to_string);
         let runtime = tokio::runtime::Handle::current();
         self.inner
@@ -456,6 +459,7 @@ impl CompactionEngine {
                     api: &api,
                     reactive,
                     summary_prompt: summary_prompt.as_deref(),
+                    at_least,
                 };
                 runtime.block_on(inner.planner.prepare(&body, &ask))
             })
@@ -518,6 +522,7 @@ impl CompactionEngine {
 pub struct Asked<'p> {
     reactive: Option<Reactive>,
     summary_prompt: Option<&'p str>,
+    at_least: Option<u64>,
 }
 
 impl<'p> Asked<'p> {
@@ -525,8 +530,17 @@ impl<'p> Asked<'p> {
     /// place of `summary_prompt`.
     pub fn summary_prompt(summary_prompt: Option<&'p str>) -> Asked<'p> {
         Asked {
-            reactive: None,
             summary_prompt,
+            ..Asked::default()
+        }
+    }
+
+    /// Only a body of at least `tokens` (counted as the planner counts it, in the same parse)
+    /// is compacted: a served contract's own threshold.
+    pub fn at_least(self, tokens: Option<u64>) -> Asked<'p> {
+        Asked {
+            at_least: tokens,
+            ..self
         }
     }
 }

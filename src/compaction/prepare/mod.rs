@@ -194,6 +194,8 @@ pub(super) struct Ask<'r> {
     /// The client's own summary prompt for this request (a template with `{messages}`), in
     /// place of `summary_prompt`.
     pub summary_prompt: Option<&'r str>,
+    /// A served contract's own threshold: a body under it is not compacted.
+    pub at_least: Option<u64>,
 }
 
 /// A client key's own compaction settings.
@@ -327,6 +329,13 @@ impl Planner {
         };
         let (settings, model_name) = self.settings_for(key);
         let token_model = self.token_model_for(&conversation, settings, ask);
+        if let Some(at_least) = ask.at_least {
+            let tokens = conversation.message_tokens(&token_model).iter().sum::<u64>()
+                + conversation.schema_tokens(&token_model);
+            if tokens < at_least {
+                return forward(Outcome::skipped(tokens, Reason::UnderTrigger), None);
+            }
+        }
         let model = model_name
             .clone()
             .or_else(|| conversation.model.as_deref().map(str::to_string))
