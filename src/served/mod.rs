@@ -19,6 +19,7 @@ use http::Response;
 use crate::body::{self, ProxyBody};
 use crate::compaction::engine::{Asked, Compacted, CompactionEngine};
 use crate::compaction::front_end::ApiRequest;
+use crate::compaction::offload::Offloaded;
 use crate::compaction::reason::Reason;
 use crate::compaction::retry::read_bounded;
 use crate::compaction::scope::{Caller, Credentials};
@@ -197,6 +198,26 @@ pub(crate) async fn compacted(
         .compact_as(&forced, body, ask.upstream, caller, api, asked)
         .await
         .map_err(|refused| failed(refused.outcome.reason))
+}
+
+/// A served contract's body as one JSON object (None: it is not one), read off the reactor when
+/// it is large: a contract rewrites the client's body, so it reads it whole, once.
+pub(crate) async fn object_off_reactor(
+    engine: &CompactionEngine,
+    body: &Bytes,
+) -> Result<Option<serde_json::Map<String, Value>>, ProxyError> {
+    let owned = body.clone();
+    let read = engine.offload(body.len(), move || {
+        match serde_json::from_slice::<Value>(&owned) {
+            Ok(Value::Object(fields)) => Some(fields),
+            _ => None,
+        }
+    });
+    match read.await {
+        Offloaded::Done(fields) => Ok(fields),
+        Offloaded::Busy => Err(ProxyError::Overloaded("planner threads")),
+        Offloaded::Lost => Err(ProxyError::Internal("reading the body failed".into())),
+    }
 }
 
 pub(crate) fn now() -> u64 {

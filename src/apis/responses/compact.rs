@@ -14,7 +14,8 @@ use crate::error::ProxyError;
 use crate::sealing::Sealer;
 use crate::served::splice;
 use crate::served::{
-    compacted, failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Carried,
+    compacted, failed, hex_digest, nothing_to_summarize, now, object_off_reactor, open, seal, Ask,
+    Carried,
 };
 
 /// The path of OpenAI's compaction endpoint under the API prefix.
@@ -135,9 +136,10 @@ fn is_instruction(item: &Value) -> bool {
 /// Answers `POST /responses/compact`: OpenAI's `response.compaction` object, whose output is
 /// the new history: the head, the kept user turns, and one compaction item carrying the
 /// summary and the rest of the kept tail.
-pub async fn compact(ask: &Ask<'_>, body: &[u8]) -> Result<(Bytes, Outcome), ProxyError> {
+pub async fn compact(ask: &Ask<'_>, body: &Bytes) -> Result<(Bytes, Outcome), ProxyError> {
     let tenant = ask.tenant();
-    let request = CompactRequest::read(body)?;
+    let fields = object_off_reactor(ask.engine, body).await?;
+    let request = CompactRequest::read(fields)?;
     let expanded = expand(&request.body, ask.sealer, &tenant)?.unwrap_or(request.body.clone());
     let compaction = compact_forced(ask, expanded).await?;
     // As OpenAI's: the messages a client keeps as they are (its instructions and user turns),
@@ -167,16 +169,24 @@ pub fn ends_with_trigger(body: &[u8]) -> bool {
     if memchr::memmem::find(body, b"compaction_trigger").is_none() {
         return false;
     }
-    let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+    // Only the last item's type is read: the items stay raw slices, no tree is built.
+    #[derive(serde::Deserialize)]
+    struct Input<'a> {
+        #[serde(borrow, default)]
+        input: Option<Vec<&'a serde_json::value::RawValue>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    let Ok(Input { input: Some(items) }) = serde_json::from_slice::<Input<'_>>(body) else {
         return false;
     };
-    fields
-        .get("input")
-        .and_then(Value::as_array)
-        .and_then(|items| items.last())
-        .and_then(|item| item.get("type"))
-        .and_then(Value::as_str)
-        == Some("compaction_trigger")
+    items
+        .last()
+        .and_then(|item| serde_json::from_str::<Typed<'_>>(item.get()).ok())
+        .is_some_and(|item| item.kind == "compaction_trigger")
 }
 
 /// Answers a `/responses` request whose input ends with a `compaction_trigger` item: a
@@ -185,11 +195,11 @@ pub fn ends_with_trigger(body: &[u8]) -> bool {
 /// and expands into both.
 pub async fn compact_on_trigger(
     ask: &Ask<'_>,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<(Bytes, bool, Outcome), ProxyError> {
     let tenant = ask.tenant();
     let bad = |why: &str| ProxyError::BadRequest(why.to_string());
-    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+    let Some(mut fields) = object_off_reactor(ask.engine, body).await? else {
         return Err(bad("the body must be a JSON object"));
     };
     let model = fields
@@ -294,9 +304,9 @@ struct CompactRequest {
 }
 
 impl CompactRequest {
-    fn read(body: &[u8]) -> Result<CompactRequest, ProxyError> {
+    fn read(fields: Option<Map<String, Value>>) -> Result<CompactRequest, ProxyError> {
         let bad = |why: &str| ProxyError::BadRequest(why.to_string());
-        let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+        let Some(fields) = fields else {
             return Err(bad("the body must be a JSON object"));
         };
         let Some(model) = fields.get("model").and_then(Value::as_str) else {
@@ -509,15 +519,20 @@ mod tests {
 
     #[test]
     fn a_compact_call_needs_a_model_and_its_own_input() {
+        let object = |text: &str| match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(fields)) => Some(fields),
+            _ => None,
+        };
         for bad in [
             r#"[]"#,
             r#"{"input":[]}"#,
             r#"{"model":"m","previous_response_id":"resp_1"}"#,
             r#"{"model":"m","input":7}"#,
         ] {
-            assert!(CompactRequest::read(bad.as_bytes()).is_err(), "{bad}");
+            assert!(CompactRequest::read(object(bad)).is_err(), "{bad}");
         }
-        let read = CompactRequest::read(br#"{"model":"m","input":"hi","store":false}"#).unwrap();
+        let read =
+            CompactRequest::read(object(r#"{"model":"m","input":"hi","store":false}"#)).unwrap();
         assert_eq!(
             serde_json::from_slice::<Value>(&read.body).unwrap(),
             json!({"model": "m", "input": [{"role": "user", "content": "hi"}]})

@@ -17,7 +17,9 @@ use crate::compaction::reason::Reason;
 use crate::compaction::{Outcome, OutcomeKind};
 use crate::error::ProxyError;
 use crate::served::splice::{spliced, write_event, Event, Splice};
-use crate::served::{compacted, failed, hex_digest, nothing_to_summarize, seal, Ask, Carried};
+use crate::served::{
+    compacted, failed, hex_digest, nothing_to_summarize, object_off_reactor, seal, Ask, Carried,
+};
 
 /// What serving `context_management` made of a Responses request.
 pub enum Managed {
@@ -37,11 +39,11 @@ pub enum Managed {
     },
 }
 
-pub async fn serve(ask: &Ask<'_>, body: &[u8]) -> Result<Managed, ProxyError> {
+pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Managed, ProxyError> {
     if memchr::memmem::find(body, b"context_management").is_none() {
         return Ok(Managed::Untouched);
     }
-    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+    let Some(mut fields) = object_off_reactor(ask.engine, body).await? else {
         return Ok(Managed::Untouched);
     };
     let Some(entry) = take_compaction(&mut fields) else {

@@ -330,7 +330,10 @@ impl Planner {
         let (settings, model_name) = self.settings_for(key);
         let token_model = self.token_model_for(&conversation, settings, ask);
         if let Some(at_least) = ask.at_least {
-            let tokens = conversation.message_tokens(&token_model).iter().sum::<u64>()
+            let tokens = conversation
+                .message_tokens(&token_model)
+                .iter()
+                .sum::<u64>()
                 + conversation.schema_tokens(&token_model);
             if tokens < at_least {
                 return forward(Outcome::skipped(tokens, Reason::UnderTrigger), None);
