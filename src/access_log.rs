@@ -150,6 +150,8 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
             coverage = c.coverage.map(|v| (v * 100.0).round() / 100.0),
             headroom_unmet = c.headroom_unmet, outputs_cleared = c.outputs_cleared,
             messages_dropped = c.messages_dropped, precompute = c.precompute_started,
+            audit = c.audit.map_or("-", |audit| audit.would.label()),
+            audit_tokens_after = c.audit.map(|audit| audit.tokens_after),
             "request"
         ),
     }

@@ -23,6 +23,18 @@ pub const TOKENS_COUNT: HeaderName = HeaderName::from_static("x-compactor-tokens
 pub const OUTPUTS_CLEARED: HeaderName = HeaderName::from_static("x-compactor-tool-outputs-cleared");
 /// Response header: messages the `truncate` stage dropped to fit the model's window.
 pub const MESSAGES_DROPPED: HeaderName = HeaderName::from_static("x-compactor-messages-dropped");
+/// Response header, audit mode: the outcome enforce would have had.
+pub const AUDIT: HeaderName = HeaderName::from_static("x-compactor-audit");
+/// Response header, audit mode: the tokens enforce would have forwarded.
+pub const AUDIT_TOKENS_AFTER: HeaderName =
+    HeaderName::from_static("x-compactor-audit-tokens-after");
+/// Response header, audit mode: the summarizer tokens enforce would have spent.
+pub const AUDIT_SUMMARIZER_TOKENS: HeaderName =
+    HeaderName::from_static("x-compactor-audit-summarizer-tokens");
+/// Response header, audit mode: the message where the upstream's cached prefix would have
+/// stopped matching the previous request's (a new summary there).
+pub const AUDIT_PREFIX_BREAK: HeaderName =
+    HeaderName::from_static("x-compactor-audit-prefix-break");
 /// Response header naming the error code on every response compactor generated itself.
 pub const PROXY_ERROR: HeaderName = HeaderName::from_static("x-compactor-error");
 /// Every response header compactor writes starts with this; an upstream may not send them.

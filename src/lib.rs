@@ -25,6 +25,7 @@ pub mod poison;
 pub mod provider;
 pub mod proxy;
 pub mod relay;
+pub mod report;
 pub mod routing;
 pub mod sealing;
 pub mod served;

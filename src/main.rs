@@ -50,6 +50,14 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+    /// What audit mode says enforce would have done with the traffic a running compactor has
+    /// seen, read from its metrics.
+    Report {
+        /// The metrics URL; by default `/metrics` on the configured `admin.listen`, else
+        /// `listen` (an unspecified address asked on loopback).
+        #[arg(long)]
+        url: Option<String>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -62,6 +70,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Health { url }) = &cli.command {
         return health(url.clone(), &cli.config);
+    }
+    if let Some(Command::Report { url }) = &cli.command {
+        return report(url.clone(), &cli.config);
     }
     let loaded = operate::fingerprint(&cli.config);
     let config = match Config::load(&cli.config) {
@@ -296,25 +307,62 @@ fn start_up(app: &App, addr: Option<std::net::SocketAddr>, workers: usize) -> Co
 }
 
 /// `compactor health`: one GET, within a few seconds, answered 200.
-fn health(url: Option<String>, config: &std::path::Path) -> ExitCode {
-    let url = url.unwrap_or_else(|| {
-        let listen = Config::load(config)
-            .map(|c| c.listen)
-            .unwrap_or_else(|_| "127.0.0.1:8080".into());
-        let listen = listen
-            .replace("0.0.0.0:", "127.0.0.1:")
-            .replace("[::]:", "[::1]:");
-        format!("http://{listen}/healthz")
-    });
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// `http://{address}{path}` on the configured `listen` (`admin.listen` when `admin` and it is
+/// set), an unspecified address asked on loopback.
+fn local_url(config: &std::path::Path, path: &str, admin: bool) -> String {
+    let listen = Config::load(config)
+        .map(|c| match c.admin.listen {
+            Some(listen) if admin => listen,
+            _ => c.listen,
+        })
+        .unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let listen = listen
+        .replace("0.0.0.0:", "127.0.0.1:")
+        .replace("[::]:", "[::1]:");
+    format!("http://{listen}{path}")
+}
+
+fn current_thread(command: &str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime,
+        Ok(runtime) => Some(runtime),
         Err(e) => {
-            eprintln!("compactor health: {e}");
-            return ExitCode::FAILURE;
+            eprintln!("compactor {command}: {e}");
+            None
         }
+    }
+}
+
+/// The metrics text is a few hundred KB at most; more is not compactor's.
+const METRICS_LIMIT: usize = 16 * 1024 * 1024;
+
+fn report(url: Option<String>, config: &std::path::Path) -> ExitCode {
+    let url = url.unwrap_or_else(|| local_url(config, "/metrics", true));
+    let Some(runtime) = current_thread("report") else {
+        return ExitCode::FAILURE;
+    };
+    let fetched = operate::fetch(&url, std::time::Duration::from_secs(10), METRICS_LIMIT);
+    match runtime.block_on(fetched) {
+        Ok(metrics) => {
+            print!(
+                "{}",
+                compactor::report::audit(&String::from_utf8_lossy(&metrics))
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("compactor report: {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn health(url: Option<String>, config: &std::path::Path) -> ExitCode {
+    let url = url.unwrap_or_else(|| local_url(config, "/healthz", false));
+    let Some(runtime) = current_thread("health") else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(operate::probe(&url, std::time::Duration::from_secs(3))) {
         Ok(()) => ExitCode::SUCCESS,

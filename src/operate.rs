@@ -175,16 +175,26 @@ pub async fn serve_admin(listener: TcpListener, app: Arc<App>, shutdown: impl Fu
 
 /// One GET of `url` (plain HTTP), answered 200 within `within`.
 pub async fn probe(url: &str, within: Duration) -> Result<(), String> {
-    use http_body_util::{BodyExt, Empty};
+    fetch(url, within, 0).await.map(|_| ())
+}
+
+/// The body of one GET of `url` (plain HTTP) answered 200 within `within`, at most `limit`
+/// bytes of it kept.
+pub async fn fetch(url: &str, within: Duration, limit: usize) -> Result<bytes::Bytes, String> {
+    use http_body_util::{BodyExt, Empty, Limited};
     use hyper_util::client::legacy::Client;
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
     let asked = async {
         let response = client.get(uri).await.map_err(|e| e.to_string())?;
         let status = response.status();
-        let _ = response.into_body().collect().await;
+        let body = Limited::new(response.into_body(), limit.max(1))
+            .collect()
+            .await
+            .map(|body| body.to_bytes())
+            .unwrap_or_default();
         if status == http::StatusCode::OK {
-            Ok(())
+            Ok(body)
         } else {
             Err(format!("answered {status}"))
         }

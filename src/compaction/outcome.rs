@@ -104,6 +104,25 @@ pub struct Outcome {
     pub precompute_started: bool,
     /// Summarized: what the summarizer calls read and wrote, in its model's estimated count.
     pub summarizer_usage: Option<SummarizerUsage>,
+    /// In audit mode: what enforce would have done (the request went as it came).
+    pub audit: Option<Audit>,
+}
+
+/// What enforce would have done with a request audit mode forwarded as it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Audit {
+    /// The outcome enforce would have had (`summarized` when a summary would have been made).
+    pub would: OutcomeKind,
+    /// The tokens enforce would have forwarded (a summary counted at its largest,
+    /// `summary_max_tokens`).
+    pub tokens_after: u64,
+    /// The summarizer tokens a summary would have cost: its input and its largest answer.
+    pub summarizer_tokens: u64,
+    /// The message where the upstream's cached prefix would have stopped matching the
+    /// previous request's: the first summarized one, when a new summary would have gone in.
+    pub prefix_break: Option<usize>,
+    /// Whether the summary is being made for real, off the request path (`shadow_sample`).
+    pub shadow: bool,
 }
 
 /// Tokens a summary cost: the summarizer calls' prompts and answers.
@@ -131,6 +150,7 @@ impl Outcome {
             messages_dropped: 0,
             precompute_started: false,
             summarizer_usage: None,
+            audit: None,
         }
     }
 
@@ -173,6 +193,13 @@ impl Outcome {
             messages_dropped: self.messages_dropped,
             precompute_started: self.precompute_started,
             tokens_changed: self.token_counts().filter(|_| changed),
+            audit: self.audit.map(|audit| crate::metrics::AuditRecord {
+                would: audit.would.label(),
+                tokens_saved: self.tokens_before.saturating_sub(audit.tokens_after),
+                summarizer_tokens: audit.summarizer_tokens,
+                prefix_break: audit.prefix_break.is_some(),
+                shadow: audit.shadow,
+            }),
         }
     }
 
@@ -205,6 +232,23 @@ impl Outcome {
                 headers::MESSAGES_DROPPED,
                 HeaderValue::from(self.messages_dropped),
             );
+        }
+        if let Some(audit) = &self.audit {
+            headers.insert(
+                headers::AUDIT,
+                HeaderValue::from_static(audit.would.label()),
+            );
+            headers.insert(
+                headers::AUDIT_TOKENS_AFTER,
+                HeaderValue::from(audit.tokens_after),
+            );
+            headers.insert(
+                headers::AUDIT_SUMMARIZER_TOKENS,
+                HeaderValue::from(audit.summarizer_tokens),
+            );
+            if let Some(at) = audit.prefix_break {
+                headers.insert(headers::AUDIT_PREFIX_BREAK, HeaderValue::from(at));
+            }
         }
     }
 }

@@ -37,6 +37,9 @@ pub enum Reason {
     CompactionTrigger,
     CachedContent,
 
+    // Audit mode: forwarded as it came, whatever enforce would have done.
+    Audit,
+
     // How a summary was had.
     Fresh,
     Incremental,
@@ -93,6 +96,7 @@ impl Reason {
             Reason::ItemReference => "item_reference",
             Reason::CompactionTrigger => "compaction_trigger",
             Reason::CachedContent => "cached_content",
+            Reason::Audit => "audit",
             Reason::Fresh => "fresh",
             Reason::Incremental => "incremental",
             Reason::Sticky => "sticky",

@@ -12,8 +12,8 @@ mod validate;
 
 pub use env::expand_vars;
 pub use summarization::{
-    ClearToolOutputsConfig, ContextSize, FailMode, NoticeMode, OneOrMany, Oversize, Stage,
-    SummarizationConfig, SummarizerApi, SummaryPlacement, SummaryRole,
+    AuditConfig, ClearToolOutputsConfig, CompactionMode, ContextSize, FailMode, NoticeMode,
+    OneOrMany, Oversize, Stage, SummarizationConfig, SummarizerApi, SummaryPlacement, SummaryRole,
 };
 
 use serde::{Deserialize, Serialize, Serializer};
@@ -406,6 +406,9 @@ pub struct ClientKeyConfig {
     pub trigger: Option<OneOrMany>,
     /// This key's own summarizer model (else `summarization.model_name`).
     pub model_name: Option<String>,
+    /// This key's own compaction mode (else `summarization.mode`): a tenant can be audited
+    /// before it is enforced, or the other way round.
+    pub mode: Option<CompactionMode>,
 }
 
 impl Default for ClientKeyConfig {
@@ -419,6 +422,7 @@ impl Default for ClientKeyConfig {
             client_instructions: None,
             trigger: None,
             model_name: None,
+            mode: None,
         }
     }
 }

@@ -37,6 +37,28 @@ pub enum FailMode {
     Closed,
 }
 
+/// Whether compaction changes what is forwarded, or only says what it would have done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompactionMode {
+    /// Compact as configured.
+    #[default]
+    Enforce,
+    /// Run the whole decision (count, trigger, cut, cache lookup) and forward every request
+    /// byte for byte; headers, metrics and the log say what enforce would have done.
+    Audit,
+}
+
+/// Settings of audit mode.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditConfig {
+    /// The share (0 to 1) of the conversations that would be summarized whose summaries are
+    /// made for real, off the request path: enforce then starts with a warm cache, and the
+    /// summaries can be read before anyone relies on them. 0: no summarizer call in audit.
+    pub shadow_sample: f64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NoticeMode {
@@ -145,6 +167,11 @@ pub struct ClearToolOutputsConfig {
 pub struct SummarizationConfig {
     /// Compaction on or off.
     pub enabled: bool,
+    /// `enforce` compacts; `audit` forwards every request as it came and says what enforce
+    /// would have done (per client key: `auth.keys[].mode`).
+    pub mode: CompactionMode,
+    /// Settings of audit mode.
+    pub audit: AuditConfig,
     /// Model for the summarizer call; null uses the request's own model.
     pub model_name: Option<String>,
     /// Upstream (by name) for the summarizer call; null uses the request's upstream.
@@ -238,6 +265,8 @@ impl Default for SummarizationConfig {
     fn default() -> Self {
         SummarizationConfig {
             enabled: false,
+            mode: CompactionMode::Enforce,
+            audit: AuditConfig::default(),
             model_name: None,
             upstream: None,
             trigger: OneOrMany::Many(vec![ContextSize::Tokens(60_000)]),

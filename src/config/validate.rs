@@ -292,6 +292,12 @@ impl Config {
                 ));
             }
         }
+        let shadow = s.audit.shadow_sample;
+        if !(0.0..=1.0).contains(&shadow) {
+            problems.push(format!(
+                "summarization.audit.shadow_sample: {shadow} must be between 0 and 1"
+            ));
+        }
         if s.trim_tokens_to_summarize == Some(0) {
             problems.push("summarization.trim_tokens_to_summarize: must be > 0 or null".into());
         }

@@ -90,6 +90,11 @@ pub(super) struct CompactionLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct OutcomeLabels {
+    pub(super) outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct ResultLabels {
     pub(super) result: &'static str,
 }
@@ -185,6 +190,65 @@ pub(super) struct CompactionMetrics {
     pub(super) calibration_samples: Family<ResultLabels, Counter>,
     pub(super) estimate_ratio: Histogram,
     pub(super) summarizer: SummarizerMetrics,
+    pub(super) audit: AuditMetrics,
+}
+
+/// Audit mode: what enforce would have done with the requests forwarded as they came.
+pub(super) struct AuditMetrics {
+    pub(super) outcomes: Family<OutcomeLabels, Counter>,
+    pub(super) tokens_saved: Counter,
+    pub(super) summarizer_tokens: Counter,
+    pub(super) prefix_breaks: Counter,
+    pub(super) shadow_summaries: Counter,
+}
+
+impl AuditMetrics {
+    fn register(registry: &mut Registry) -> AuditMetrics {
+        let outcomes: Family<OutcomeLabels, Counter> = registered(
+            registry,
+            "compactor_audit",
+            "Requests audit mode forwarded as they came, by the outcome enforce would have had",
+            Family::default(),
+        );
+        // Every outcome from the start, so a dashboard shows zero rather than no data.
+        for outcome in [
+            "skipped",
+            "summarized",
+            "reused",
+            "cleared",
+            "truncated",
+            "failed",
+        ] {
+            let _ = outcomes.get_or_create(&OutcomeLabels { outcome });
+        }
+        AuditMetrics {
+            outcomes,
+            tokens_saved: registered(
+                registry,
+                "compactor_audit_tokens_saved",
+                "Input tokens enforce would have kept from being sent upstream (a summary counted at summary_max_tokens)",
+                Counter::default(),
+            ),
+            summarizer_tokens: registered(
+                registry,
+                "compactor_audit_summarizer_tokens",
+                "Summarizer tokens enforce would have spent (input, and summary_max_tokens of answer)",
+                Counter::default(),
+            ),
+            prefix_breaks: registered(
+                registry,
+                "compactor_audit_prefix_breaks",
+                "Requests where a new summary would have ended the upstream's cached prefix",
+                Counter::default(),
+            ),
+            shadow_summaries: registered(
+                registry,
+                "compactor_audit_shadow_summaries",
+                "Summaries audit mode made for real off the request path (shadow_sample)",
+                Counter::default(),
+            ),
+        }
+    }
 }
 
 impl CompactionMetrics {
@@ -263,6 +327,7 @@ impl CompactionMetrics {
             calibration_samples,
             estimate_ratio,
             summarizer: SummarizerMetrics::register(registry),
+            audit: AuditMetrics::register(registry),
         }
     }
 }

@@ -21,8 +21,8 @@ mod families;
 
 pub use families::Name;
 use families::{
-    Caching, CompactionLabels, CompactionMetrics, GenAiLabels, ReasonLabels, RequestLabels,
-    ResultLabels, TokenLabels, Traffic,
+    Caching, CompactionLabels, CompactionMetrics, GenAiLabels, OutcomeLabels, ReasonLabels,
+    RequestLabels, ResultLabels, TokenLabels, Traffic,
 };
 
 /// The route a request took.
@@ -81,6 +81,18 @@ pub struct CompactionRecord {
     pub precompute_started: bool,
     /// The estimate before and after, when compaction changed the request.
     pub tokens_changed: Option<(u64, u64)>,
+    /// In audit mode, what enforce would have done.
+    pub audit: Option<AuditRecord>,
+}
+
+/// What audit mode counts of one request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AuditRecord {
+    pub would: &'static str,
+    pub tokens_saved: u64,
+    pub summarizer_tokens: u64,
+    pub prefix_break: bool,
+    pub shadow: bool,
 }
 
 /// Every metric compactor exports, and the registry that renders them.
@@ -205,12 +217,33 @@ impl Metrics {
         if outcome.precompute_started {
             self.compaction.precomputes.inc();
         }
+        if let Some(audit) = &outcome.audit {
+            self.audit(audit);
+        }
         if let Some((before, after)) = outcome.tokens_changed {
             self.compaction.tokens_before.observe(before as f64);
             self.compaction.tokens_after.observe(after as f64);
             self.compaction
                 .tokens_saved
                 .inc_by(before.saturating_sub(after));
+        }
+    }
+
+    fn audit(&self, audit: &AuditRecord) {
+        let metrics = &self.compaction.audit;
+        metrics
+            .outcomes
+            .get_or_create(&OutcomeLabels {
+                outcome: audit.would,
+            })
+            .inc();
+        metrics.tokens_saved.inc_by(audit.tokens_saved);
+        metrics.summarizer_tokens.inc_by(audit.summarizer_tokens);
+        if audit.prefix_break {
+            metrics.prefix_breaks.inc();
+        }
+        if audit.shadow {
+            metrics.shadow_summaries.inc();
         }
     }
 

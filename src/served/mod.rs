@@ -193,7 +193,9 @@ pub(crate) async fn compacted(
         may_force: true,
         ..ask.caller
     };
-    let asked = Asked::summary_prompt(summary_prompt).at_least(at_least);
+    let asked = Asked::summary_prompt(summary_prompt)
+        .at_least(at_least)
+        .client_asked();
     ask.engine
         .compact_as(&forced, body, ask.upstream, caller, api, asked)
         .await

@@ -4,6 +4,7 @@
 mod common;
 
 mod architecture;
+mod audit;
 mod binary;
 mod compaction;
 mod counting;

@@ -40,12 +40,13 @@ use crate::compaction::summaries::vet::{vet, Unusable};
 use crate::compaction::windows::calibration_key;
 use crate::compaction::windows::learned_window;
 use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind, SummarizerUsage};
-use crate::config::{Config, FailMode, NoticeMode};
+use crate::config::{CompactionMode, Config, FailMode, NoticeMode};
 use crate::headers;
 use crate::metrics::Metrics;
 use crate::notice::Notice;
 use crate::upstream::Rewrite;
 
+mod audit;
 pub mod calibrating;
 mod summary;
 
@@ -331,10 +332,20 @@ impl CompactionEngine {
             reactive,
             summary_prompt,
             at_least,
+            client_asked,
         } = asked;
+        let audits = !client_asked && self.audits(caller.key);
         let control = match self.control(headers, &body, caller, api, reactive.is_some()) {
             Ok(control) => control,
-            Err(reason) => return Ok(Compacted::original(body, Outcome::uncounted(reason))),
+            Err(reason) => {
+                let outcome = Outcome::uncounted(reason);
+                let outcome = if audits {
+                    audit::skipped(outcome)
+                } else {
+                    outcome
+                };
+                return Ok(Compacted::original(body, outcome));
+            }
         };
         let notice_mode = self.notice_mode(headers, api);
         let credentials = Credentials::of(caller, headers);
@@ -348,6 +359,9 @@ impl CompactionEngine {
             at_least,
         };
         let prepared = self.prepare(&body, &ask).await;
+        if audits {
+            return Ok(self.audited(prepared, body, headers));
+        }
         let (result, window) = match prepared {
             Offloaded::Done(Prepared::Forward { outcome, next }) => {
                 let window = self.start_ahead(next, headers);
@@ -523,6 +537,8 @@ pub struct Asked<'p> {
     reactive: Option<Reactive>,
     summary_prompt: Option<&'p str>,
     at_least: Option<u64>,
+    /// The client asked for this compaction (a served contract): done in audit mode too.
+    client_asked: bool,
 }
 
 impl<'p> Asked<'p> {
@@ -532,6 +548,15 @@ impl<'p> Asked<'p> {
         Asked {
             summary_prompt,
             ..Asked::default()
+        }
+    }
+
+    /// A compaction the client asked for through a served contract (its answer is the
+    /// compaction): made in audit mode too.
+    pub fn client_asked(self) -> Asked<'p> {
+        Asked {
+            client_asked: true,
+            ..self
         }
     }
 

@@ -8,14 +8,19 @@ impl CompactionEngine {
     /// Starts the summary a forwarded request's conversation will need, in the background;
     /// returns the request's window.
     pub(super) fn start_ahead(&self, next: Next, headers: &HeaderMap) -> Option<u64> {
-        let Some(job) = next.ahead else {
-            return next.window;
-        };
-        let Some(base) = job.ahead_base else {
-            return next.window;
-        };
+        if let Some(job) = next.ahead {
+            if let Some(base) = job.ahead_base {
+                self.in_background(job, base, headers);
+            }
+        }
+        next.window
+    }
+
+    /// Makes `job`'s summary off the request path, one at a time for its conversation's
+    /// `base`; false when one is already being made for it.
+    pub(super) fn in_background(&self, job: Box<Job>, base: CacheKey, headers: &HeaderMap) -> bool {
         if !lock(&self.inner.background.bases).insert(base) {
-            return next.window;
+            return false;
         }
         self.inner.background.running.send_modify(|n| *n += 1);
         let running = Running {
@@ -40,7 +45,7 @@ impl CompactionEngine {
                 );
             }
         });
-        next.window
+        true
     }
 
     /// Gets the summary (shared with concurrent requests) and splices it in; without one, the

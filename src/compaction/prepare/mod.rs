@@ -27,7 +27,7 @@ use crate::compaction::summaries::store::SummaryStore;
 use crate::compaction::summaries::summary_input::{self, InputSettings};
 use crate::compaction::windows::{learned_window, Windows};
 use crate::compaction::{CacheUse, CountBasis, Outcome, OutcomeKind};
-use crate::config::{Config, SummarizationConfig};
+use crate::config::{CompactionMode, Config, SummarizationConfig};
 use crate::metrics::Metrics;
 use crate::poison::lock;
 
@@ -210,6 +210,8 @@ pub(super) struct Planner {
     settings: PlanSettings,
     /// Client keys with triggers or a summarizer model of their own, by key name.
     per_key: HashMap<String, KeySettings>,
+    /// Client keys with a compaction mode of their own, by key name.
+    key_modes: HashMap<String, CompactionMode>,
     pub windows: Windows,
     pub store: SummaryStore,
     /// Models whose unreachable trigger was already reported.
@@ -241,10 +243,17 @@ impl Planner {
                 (key.name.clone(), KeySettings { plan, model_name })
             })
             .collect();
+        let key_modes = config
+            .auth
+            .keys
+            .iter()
+            .filter_map(|key| Some((key.name.clone(), key.mode?)))
+            .collect();
         Planner {
             config: config.summarization.clone(),
             settings,
             per_key,
+            key_modes,
             windows: Windows::carrying(&config.models, previous.map(|p| &p.windows)),
             store: SummaryStore::new(config, previous.map(|p| &p.store), metrics.clone()),
             warned_unreachable: Mutex::default(),
@@ -254,6 +263,13 @@ impl Planner {
     /// The size assumed for a summary before it exists (the same for every key).
     pub fn summary_estimate_tokens(&self) -> u64 {
         self.settings.summary_estimate_tokens
+    }
+
+    /// Whether a caller's requests are compacted or audited: its key's mode, else the default.
+    pub fn mode_for(&self, key: Option<&str>) -> CompactionMode {
+        key.and_then(|name| self.key_modes.get(name))
+            .copied()
+            .unwrap_or(self.config.mode)
     }
 
     /// The plan settings and summarizer model for a caller: its key's own, else the defaults.
