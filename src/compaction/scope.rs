@@ -93,6 +93,19 @@ impl Credentials {
         }
     }
 
+    /// What compactor's sealed items are bound to: something a client keeps when its secret
+    /// changes. With auth on, the key's name (not its secret, which an operator rotates); with
+    /// auth off, the deployment itself (the sealing keys are its own): no header a client sends
+    /// survives its token being rotated, and with auth off any client may use the deployment.
+    pub fn sealing_tenant(&self) -> [u8; 32] {
+        match self {
+            Credentials::Key { name, .. } => {
+                hash_parts([b"sealed for key".as_slice(), name.as_bytes()])
+            }
+            Credentials::Headers { .. } => hash_parts([b"sealed for the deployment".as_slice()]),
+        }
+    }
+
     /// A hash of the client's identity: tenants never share summaries.
     pub fn tenant(&self) -> [u8; 32] {
         match self {
@@ -145,6 +158,25 @@ pub fn fingerprint(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sealed_items_are_bound_to_what_survives_a_rotated_secret() {
+        let with_key = |name: &str, digest: u8| Credentials::Key {
+            name: name.into(),
+            digest: [digest; 32],
+        };
+        let rotated = (with_key("team", 1), with_key("team", 2));
+        assert_eq!(rotated.0.sealing_tenant(), rotated.1.sealing_tenant());
+        assert_ne!(rotated.0.tenant(), rotated.1.tenant(), "summaries stay per secret");
+        assert_ne!(with_key("team", 1).sealing_tenant(), with_key("other", 1).sealing_tenant());
+        let headers = |token: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("authorization", HeaderValue::from_str(token).unwrap());
+            Credentials::of(Caller::default(), &headers)
+        };
+        assert_eq!(headers("Bearer a").sealing_tenant(), headers("Bearer b").sealing_tenant());
+        assert_ne!(headers("Bearer a").sealing_tenant(), with_key("team", 1).sealing_tenant());
+    }
 
     #[test]
     fn a_credential_added_later_names_a_tenant_only_when_it_is_sent() {

@@ -158,10 +158,24 @@ pub struct Ask<'a> {
 }
 
 impl Ask<'_> {
-    /// The tenant sealed items are bound to: the one its summaries are scoped to.
-    pub fn tenant(&self) -> [u8; 32] {
-        Credentials::of(self.caller, self.headers).tenant()
+    /// What sealed items are bound to ([`Credentials::sealing_tenant`]), and what those
+    /// sealed before it carry.
+    pub fn binding(&self) -> Binding {
+        let credentials = Credentials::of(self.caller, self.headers);
+        Binding {
+            current: credentials.sealing_tenant(),
+            earlier: credentials.tenant(),
+        }
     }
+}
+
+/// What compactor's sealed items are bound to: the binding they are sealed with, and the one
+/// items sealed before it carry (the tenant's credential hash), opened too so conversations in
+/// flight across an upgrade go on.
+#[derive(Debug, Clone, Copy)]
+pub struct Binding {
+    pub current: [u8; 32],
+    pub earlier: [u8; 32],
 }
 
 /// What a compaction item carries, sealed: the summary, and the items it stands for that the
@@ -243,10 +257,14 @@ pub(crate) fn seal(
 /// What a sealed `encrypted_content` carries: None when compactor did not seal it.
 pub(crate) fn open(
     sealer: &Sealer,
-    tenant: &[u8; 32],
+    binding: &Binding,
     sealed: &str,
 ) -> Result<Option<Carried>, ProxyError> {
-    match sealer.open(tenant, sealed) {
+    let opened = match sealer.open(&binding.current, sealed) {
+        Opened::Refused => sealer.open(&binding.earlier, sealed),
+        opened => opened,
+    };
+    match opened {
         Opened::Foreign => Ok(None),
         Opened::Refused => Err(ProxyError::SealedItemRefused),
         Opened::Plain(plain) => serde_json::from_str::<Carried>(&plain)

@@ -114,23 +114,46 @@ def test_the_next_turn_with_the_item_is_expanded_before_the_upstream_sees_it(pro
     assert [event.type for event in streamed][-1] == "response.completed"
 
 
-def test_an_altered_item_or_another_tenants_is_refused_and_a_foreign_one_passes(proxy):
+def test_an_altered_item_is_refused_a_rotated_token_keeps_its_items_and_a_foreign_one_passes(proxy):
     output = compact(proxy, "tamper")["output"]
     (item,) = compaction_items(output)
     sealed = item["encrypted_content"]
     altered = dict(item, encrypted_content=sealed[:-3] + ("AAA" if not sealed.endswith("AAA") else "BBB"))
-    for api_key, turn in [
-        ("sk-test", [altered if i is item else i for i in output]),
-        ("sk-someone-else", output),
-    ]:
-        with pytest.raises(openai.BadRequestError) as refused:
-            client(proxy, api_key).responses.create(model=MODEL, input=turn + [{"role": "user", "content": "q"}])
-        assert refused.value.code == "invalid_compaction_item"
+    turn = [altered if i is item else i for i in output]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(proxy).responses.create(model=MODEL, input=turn + [{"role": "user", "content": "q"}])
+    assert refused.value.code == "invalid_compaction_item"
+    # With auth off the item is bound to the deployment: a client whose token rotated goes on.
+    rotated = client(proxy, "sk-rotated").responses.create(model=MODEL, input=output + [{"role": "user", "content": "q"}])
+    assert rotated.output_text
     # An item compactor did not seal (the provider's own) goes on untouched: here the upstream,
     # which does not know the type, is the one that refuses it.
     foreign = [{"type": "compaction", "id": "cmp_x", "encrypted_content": "gAAAAABforeign"}]
     with pytest.raises(openai.BadRequestError, match="does not support the input item type"):
         client(proxy).responses.create(model=MODEL, input=foreign + [{"role": "user", "content": "q"}])
+
+
+def test_with_auth_an_item_opens_for_its_key_whatever_its_secret_and_for_no_other_key(plain_upstream, summarizer):
+    keys = lambda team_secret: (
+        "auth:\n  keys:\n"
+        f"    - name: team\n      key: {team_secret}\n"
+        "    - name: other\n      key: sk-other\n"
+    )
+    before = serving(plain_upstream, summarizer.url, [KEY], auth=keys("sk-team-2025"))
+    try:
+        output = compact(before, "keyed", api_key="sk-team-2025")["output"]
+    finally:
+        before.stop()
+    turn = output + [{"role": "user", "content": "go on"}]
+    # The operator rotates the team's secret: the key's name is what the item is bound to.
+    after = serving(plain_upstream, summarizer.url, [KEY], auth=keys("sk-team-2026"))
+    try:
+        assert client(after, "sk-team-2026").responses.create(model=MODEL, input=turn).output_text
+        with pytest.raises(openai.BadRequestError) as refused:
+            client(after, "sk-other").responses.create(model=MODEL, input=turn)
+        assert refused.value.code == "invalid_compaction_item"
+    finally:
+        after.stop()
 
 
 def test_items_sealed_before_a_key_rotation_still_open(plain_upstream, summarizer):

@@ -94,7 +94,10 @@ async fn audit_forwards_every_request_as_it_came_and_says_what_enforce_would_hav
     assert!(report.status.success(), "{text}");
     assert!(text.contains("Audited requests: 2"), "{text}");
     assert!(text.contains("  summarized  2\n"), "{text}");
-    assert!(!text.contains("Input tokens it would have kept from the upstreams: 0"), "{text}");
+    assert!(
+        !text.contains("Input tokens it would have kept from the upstreams: 0"),
+        "{text}"
+    );
 
     // Under the trigger: said as well, so the audit counts every request.
     let short = roundtrip(

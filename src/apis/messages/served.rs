@@ -23,6 +23,7 @@ use crate::compaction::{Outcome, OutcomeKind, SummarizerUsage};
 use crate::error::ProxyError;
 use crate::sealing::{Sealer, PREFIX};
 use crate::served::splice::{spliced, typed_events, write_event, Event, Splice};
+use crate::served::Binding;
 use crate::served::{
     failed, hex_digest, nothing_to_summarize, now, open, seal, Ask, Before, BeforeFuture, Carried,
     Contracts,
@@ -84,8 +85,8 @@ pub enum Served {
 }
 
 pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
-    let tenant = ask.tenant();
-    let expanded = expand(body, ask.sealer, &tenant)?;
+    let binding = ask.binding();
+    let expanded = expand(body, ask.sealer, &binding)?;
     let current = expanded.as_deref().unwrap_or(body);
     if memchr::memmem::find(current, b"context_management").is_none() {
         return Ok(Served::Forward(expanded));
@@ -139,7 +140,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Served, ProxyError> {
         _ => return Err(failed(outcome.reason)),
     }
     let addition = Addition {
-        block: Some(compaction_block(ask.sealer, &tenant, &compacted)?),
+        block: Some(compaction_block(ask.sealer, &binding.current, &compacted)?),
         iteration: Some(compaction_iteration(&outcome)),
         applied,
     };
@@ -506,7 +507,7 @@ fn paused_answer(
 pub fn expand(
     body: &[u8],
     sealer: &Sealer,
-    tenant: &[u8; 32],
+    binding: &Binding,
 ) -> Result<Option<Bytes>, ProxyError> {
     if memchr::memmem::find(body, PREFIX.as_bytes()).is_none() {
         return Ok(None);
@@ -530,7 +531,7 @@ pub fn expand(
             let Some(sealed) = block.get("encrypted_content").and_then(Value::as_str) else {
                 continue;
             };
-            if let Some(carried) = open(sealer, tenant, sealed)? {
+            if let Some(carried) = open(sealer, binding, sealed)? {
                 found = Some((m, b, carried));
             }
         }

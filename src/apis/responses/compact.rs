@@ -13,6 +13,7 @@ use crate::compaction::{Outcome, OutcomeKind};
 use crate::error::ProxyError;
 use crate::sealing::Sealer;
 use crate::served::splice;
+use crate::served::Binding;
 use crate::served::{
     compacted, failed, hex_digest, nothing_to_summarize, now, object_off_reactor, open, seal, Ask,
     Carried,
@@ -27,7 +28,7 @@ pub const COMPACT_PATH: &str = "/responses/compact";
 pub fn expand(
     body: &[u8],
     sealer: &Sealer,
-    tenant: &[u8; 32],
+    binding: &Binding,
 ) -> Result<Option<Bytes>, ProxyError> {
     if memchr::memmem::find(body, crate::sealing::PREFIX.as_bytes()).is_none() {
         return Ok(None);
@@ -49,7 +50,7 @@ pub fn expand(
             rebuilt.push(original());
             continue;
         };
-        let Some(carried) = open(sealer, tenant, sealed)? else {
+        let Some(carried) = open(sealer, binding, sealed)? else {
             rebuilt.push(original());
             continue;
         };
@@ -137,10 +138,10 @@ fn is_instruction(item: &Value) -> bool {
 /// the new history: the head, the kept user turns, and one compaction item carrying the
 /// summary and the rest of the kept tail.
 pub async fn compact(ask: &Ask<'_>, body: &Bytes) -> Result<(Bytes, Outcome), ProxyError> {
-    let tenant = ask.tenant();
+    let binding = ask.binding();
     let fields = object_off_reactor(ask.engine, body).await?;
     let request = CompactRequest::read(fields)?;
-    let expanded = expand(&request.body, ask.sealer, &tenant)?.unwrap_or(request.body.clone());
+    let expanded = expand(&request.body, ask.sealer, &binding)?.unwrap_or(request.body.clone());
     let compaction = compact_forced(ask, expanded).await?;
     // As OpenAI's: the messages a client keeps as they are (its instructions and user turns),
     // then the one item. Codex keeps only messages and compaction items of this output, so
@@ -148,7 +149,7 @@ pub async fn compact(ask: &Ask<'_>, body: &Bytes) -> Result<(Bytes, Outcome), Pr
     // item, in its order, and expands after the summary.
     let (visible, carried): (Vec<Value>, Vec<Value>) =
         compaction.tail.into_iter().partition(client_keeps);
-    let item = compaction_item(ask.sealer, &tenant, &compaction.summary, carried)?;
+    let item = compaction_item(ask.sealer, &binding.current, &compaction.summary, carried)?;
     let mut output = compaction.head;
     output.extend(visible);
     output.push(item);
@@ -197,7 +198,7 @@ pub async fn compact_on_trigger(
     ask: &Ask<'_>,
     body: &Bytes,
 ) -> Result<(Bytes, bool, Outcome), ProxyError> {
-    let tenant = ask.tenant();
+    let binding = ask.binding();
     let bad = |why: &str| ProxyError::BadRequest(why.to_string());
     let Some(mut fields) = object_off_reactor(ask.engine, body).await? else {
         return Err(bad("the body must be a JSON object"));
@@ -223,7 +224,7 @@ pub async fn compact_on_trigger(
         .into_iter()
         .filter(|item| !client_keeps(item))
         .collect();
-    let item = compaction_item(ask.sealer, &tenant, &compaction.summary, tail)?;
+    let item = compaction_item(ask.sealer, &binding.current, &compaction.summary, tail)?;
     let created_at = now();
     let id = format!("resp_{}", hex_digest(&[body, &created_at.to_le_bytes()]));
     let usage = usage(&compaction.outcome);
@@ -379,6 +380,14 @@ fn compaction_item(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Items sealed for tenant `n` (and, before this binding, for the same `n`).
+    fn bound(n: u8) -> Binding {
+        Binding {
+            current: [n; 32],
+            earlier: [n; 32],
+        }
+    }
     use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
     use crate::config::Secret;
 
@@ -404,7 +413,9 @@ mod tests {
         let body = format!(
             r#"{{"model":"m","input":[{{"role":"user","content":"task"}},{{"type":"compaction","encrypted_content":"{sealed}"}},{{"role":"user","content":"go on"}}]}}"#
         );
-        let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+        let out = expand(body.as_bytes(), &sealer, &bound(3))
+            .unwrap()
+            .unwrap();
         let value: Value = serde_json::from_slice(&out).unwrap();
         let items = value["input"].as_array().unwrap();
         assert_eq!(items.len(), 5);
@@ -432,7 +443,9 @@ mod tests {
         let body = format!(
             r#"{{"model":"m","input":[{{"role":"developer","content":"d"}},{{"role":"user","content":"old"}},{{"type":"compaction","encrypted_content":"{sealed}"}},{{"role":"assistant","content":"a"}},{{"role":"user","content":"next"}}]}}"#
         );
-        let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+        let out = expand(body.as_bytes(), &sealer, &bound(3))
+            .unwrap()
+            .unwrap();
         let texts: Vec<Value> = input_items(&out)
             .iter()
             .map(|i| i["content"].clone())
@@ -463,7 +476,9 @@ mod tests {
         let body = format!(
             r#"{{"model":"m","input":[{{"type":"compaction","id":"c1","encrypted_content":"gAAAAforeign"}}, {{"type":"compaction","id":"c2","encrypted_content":"{sealed}"}},{{"role":"user","content":"go on"}}]}}"#
         );
-        let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+        let out = expand(body.as_bytes(), &sealer, &bound(3))
+            .unwrap()
+            .unwrap();
         let value: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(value["input"][0]["encrypted_content"], "gAAAAforeign");
         assert_eq!(
@@ -485,9 +500,15 @@ mod tests {
             r#"{{"model":"m","input":[{{"type":"compaction","encrypted_content":"{sealed}"}}]}}"#
         );
         assert!(matches!(
-            expand(body.as_bytes(), &sealer, &[4; 32]),
+            expand(body.as_bytes(), &sealer, &bound(4)),
             Err(ProxyError::SealedItemRefused)
         ));
+        // Sealed before the binding changed (for the credential hash then used): still opens.
+        let upgraded = Binding {
+            current: [9; 32],
+            earlier: [3; 32],
+        };
+        assert!(expand(body.as_bytes(), &sealer, &upgraded).unwrap().is_some());
     }
 
     #[test]
@@ -505,7 +526,9 @@ mod tests {
             (format!("[{user}, {item} , {item}]"), 1),
         ] {
             let body = format!(r#"{{"model":"m","input":{input}}}"#);
-            let out = expand(body.as_bytes(), &sealer, &[3; 32]).unwrap().unwrap();
+            let out = expand(body.as_bytes(), &sealer, &bound(3))
+                .unwrap()
+                .unwrap();
             let value: Value = serde_json::from_slice(&out).expect("valid JSON");
             assert_eq!(value["input"].as_array().unwrap().len(), left, "{input}");
         }
@@ -514,7 +537,7 @@ mod tests {
     #[test]
     fn bodies_without_compactors_items_are_not_touched() {
         let body = br#"{"model":"m","input":[{"type":"compaction","encrypted_content":"gAAAA"}]}"#;
-        assert!(expand(body, &sealer(), &[3; 32]).unwrap().is_none());
+        assert!(expand(body, &sealer(), &bound(3)).unwrap().is_none());
     }
 
     #[test]

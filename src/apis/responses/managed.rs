@@ -95,7 +95,7 @@ pub async fn serve(ask: &Ask<'_>, body: &Bytes) -> Result<Managed, ProxyError> {
         items: array_field(&compacted.body, "input"),
         replaces: true,
     };
-    let sealed = seal(ask.sealer, &ask.tenant(), &carried)?;
+    let sealed = seal(ask.sealer, &ask.binding().current, &carried)?;
     let item = json!({
         "id": format!("cmp_{}", hex_digest(&[sealed.as_bytes()])),
         "type": "compaction",

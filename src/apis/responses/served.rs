@@ -28,7 +28,7 @@ impl Contracts for ResponsesContracts {
                 });
             }
             // The client's copy of a compaction compactor made becomes what it carries.
-            let expanded = expand(body, ask.sealer, &ask.tenant())?;
+            let expanded = expand(body, ask.sealer, &ask.binding())?;
             let current = expanded.as_ref().unwrap_or(body);
             if ends_with_trigger(current) {
                 let (body, streamed, outcome) = compact_on_trigger(&ask, current).await?;

@@ -3,6 +3,14 @@ use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::config::Secret;
 use crate::served::splice::Events;
 
+/// Items sealed for tenant `n` (and, before this binding, for the same `n`).
+fn bound(n: u8) -> Binding {
+    Binding {
+        current: [n; 32],
+        earlier: [n; 32],
+    }
+}
+
 fn sealer() -> Sealer {
     Sealer::new(&[Secret::new("a sealing key of 16+ bytes")]).unwrap()
 }
@@ -20,7 +28,7 @@ fn block(sealer: &Sealer, carried: &[Value]) -> Value {
 
 fn expanded(sealer: &Sealer, messages: Value) -> Vec<Value> {
     let body = json!({"model": "m", "max_tokens": 9, "messages": messages}).to_string();
-    let out = expand(body.as_bytes(), sealer, &[3; 32]).unwrap().unwrap();
+    let out = expand(body.as_bytes(), sealer, &bound(3)).unwrap().unwrap();
     messages_of(&out)
 }
 
