@@ -167,15 +167,28 @@ mod tests {
         };
         let rotated = (with_key("team", 1), with_key("team", 2));
         assert_eq!(rotated.0.sealing_tenant(), rotated.1.sealing_tenant());
-        assert_ne!(rotated.0.tenant(), rotated.1.tenant(), "summaries stay per secret");
-        assert_ne!(with_key("team", 1).sealing_tenant(), with_key("other", 1).sealing_tenant());
+        assert_ne!(
+            rotated.0.tenant(),
+            rotated.1.tenant(),
+            "summaries stay per secret"
+        );
+        assert_ne!(
+            with_key("team", 1).sealing_tenant(),
+            with_key("other", 1).sealing_tenant()
+        );
         let headers = |token: &str| {
             let mut headers = HeaderMap::new();
             headers.insert("authorization", HeaderValue::from_str(token).unwrap());
             Credentials::of(Caller::default(), &headers)
         };
-        assert_eq!(headers("Bearer a").sealing_tenant(), headers("Bearer b").sealing_tenant());
-        assert_ne!(headers("Bearer a").sealing_tenant(), with_key("team", 1).sealing_tenant());
+        assert_eq!(
+            headers("Bearer a").sealing_tenant(),
+            headers("Bearer b").sealing_tenant()
+        );
+        assert_ne!(
+            headers("Bearer a").sealing_tenant(),
+            with_key("team", 1).sealing_tenant()
+        );
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub(super) struct Facts<'c> {
     /// The key may use some models only: whatever the method or content type, the body is read
     /// and must name its model unambiguously.
     pub restricted: bool,
+    /// A call of the engine contract (`POST {prefix}/compress`), answered here.
+    pub engine_contract: bool,
 }
 
 /// Where a request goes upstream.
@@ -91,6 +93,7 @@ pub(super) fn classify<'c>(
             && (current.upstreams.routing_needs_model(family) || restricted),
         restricted,
         path_model,
+        engine_contract: post && rest == super::compress::PATH,
     }
 }
 
@@ -129,7 +132,7 @@ pub(super) async fn read(
             limit: bounds.max_bytes,
         });
     }
-    let compacting = (facts.api.is_some() || facts.contracts.is_some())
+    let compacting = (facts.api.is_some() || facts.contracts.is_some() || facts.engine_contract)
         && current.generation.compaction.is_some();
     let body = GuardedBody::new(incoming, bounds);
     if facts.restricted

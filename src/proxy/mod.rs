@@ -32,10 +32,11 @@ use crate::upstream::{Target, Upstream};
 
 use address::{address, forwarded_query, Addressed, UnderPrefix};
 use compacting::{calibration_sample, compact, serve, Compacting, Served};
-use facts::{authorize, classify, read, route};
+use facts::{authorize, classify, read, route, Inbound};
 
 mod address;
 mod compacting;
+mod compress;
 mod facts;
 
 /// The hyper service: never fails; every error becomes a response in the shape of the API the
@@ -114,6 +115,15 @@ async fn proxy(
     } = addressed;
     let facts = classify(current, &rest, &parts.method, key, log);
     let (inbound, _reservation) = read(app, current, &facts, &parts, incoming, log).await?;
+    if facts.engine_contract {
+        let caller = facts.caller(current, client_address);
+        let Inbound::Buffered(body) = inbound else {
+            return Err(ProxyError::BadRequest(
+                "the engine contract takes a JSON body (content-type: application/json)".into(),
+            ));
+        };
+        return compress::answer(current, &facts, &parts.headers, body, caller, log).await;
+    }
     let upstream = route(current, &facts, &inbound, log)?;
     let caller = facts.caller(current, client_address);
     let ask = (upstream, caller);

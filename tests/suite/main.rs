@@ -8,6 +8,7 @@ mod audit;
 mod binary;
 mod compaction;
 mod counting;
+mod engine_contract;
 mod eval;
 mod front_ends;
 mod gateway;

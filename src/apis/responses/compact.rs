@@ -508,7 +508,9 @@ mod tests {
             current: [9; 32],
             earlier: [3; 32],
         };
-        assert!(expand(body.as_bytes(), &sealer, &upgraded).unwrap().is_some());
+        assert!(expand(body.as_bytes(), &sealer, &upgraded)
+            .unwrap()
+            .is_some());
     }
 
     #[test]
