@@ -55,4 +55,13 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
   echo "$want" > "$stamp"
 fi
+# The real LiteLLM proxy for tests/python/test_gateways.py, frozen in a venv of its own.
+gateways=.venv-gateways
+gateways_stamp="$gateways/.requirements.sha256"
+gateways_want=$(sha256sum tests/gateways/requirements.txt | cut -d' ' -f1)
+if [ ! -x "$gateways/bin/litellm" ] || [ "$(cat "$gateways_stamp" 2>/dev/null)" != "$gateways_want" ]; then
+  python3 -m venv "$gateways"
+  "$gateways/bin/pip" install --quiet --disable-pip-version-check -r tests/gateways/requirements.txt
+  echo "$gateways_want" > "$gateways_stamp"
+fi
 "$venv/bin/python" -m pytest -q tests/python

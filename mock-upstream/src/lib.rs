@@ -425,7 +425,15 @@ async fn serve_request(
         return Ok(full(StatusCode::OK, "application/json", "{}"));
     }
     if path == "/mock/stats" {
+        // The last chat request's messages, for a client that drives the mock from outside.
+        let last_messages = lock(&state.recorded)
+            .iter()
+            .rev()
+            .find(|request| request.path_and_query.ends_with("/chat/completions"))
+            .and_then(|request| request.json().get("messages").cloned())
+            .unwrap_or(Value::Null);
         let body = json!({
+            "last_messages": last_messages,
             "arrivals": state.arrivals.load(Ordering::SeqCst),
             "answered": state.chat_calls.load(Ordering::SeqCst),
             "rejections": state.rejections.load(Ordering::SeqCst),
