@@ -15,10 +15,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::facts::Facts;
 use crate::access_log::RequestLog;
 use crate::apis::Api;
 use crate::app::Current;
+use crate::auth::ClientKey;
 use crate::body::{self, ProxyBody};
 use crate::compaction::engine::Compacted;
 use crate::compaction::scope::Caller;
@@ -58,7 +58,7 @@ fn speaks_messages_api(messages: &[&RawValue]) -> bool {
 /// Answers one engine call.
 pub(super) async fn answer(
     current: &Current,
-    facts: &Facts<'_>,
+    key: Option<&ClientKey>,
     headers: &http::HeaderMap,
     body: Bytes,
     caller: Caller<'_>,
@@ -74,7 +74,7 @@ pub(super) async fn answer(
         return Err(ProxyError::BadRequest("`messages` is empty".into()));
     }
     let model = request.model.unwrap_or_default();
-    if let (Some(key), false) = (facts.key, model.is_empty()) {
+    if let (Some(key), false) = (key, model.is_empty()) {
         if !key.allows_model(&model) {
             return Err(ProxyError::ModelNotAllowed(model));
         }

@@ -122,7 +122,7 @@ async fn proxy(
                 "the engine contract takes a JSON body (content-type: application/json)".into(),
             ));
         };
-        return compress::answer(current, &facts, &parts.headers, body, caller, log).await;
+        return compress::answer(current, facts.key, &parts.headers, body, caller, log).await;
     }
     let upstream = route(current, &facts, &inbound, log)?;
     let caller = facts.caller(current, client_address);
