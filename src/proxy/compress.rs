@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::facts::Inbound;
 use crate::access_log::RequestLog;
 use crate::apis::Api;
 use crate::app::Current;
@@ -25,9 +26,6 @@ use crate::compaction::scope::Caller;
 use crate::config::UpstreamApi;
 use crate::error::ProxyError;
 use crate::metrics::Route;
-
-/// The path under the API prefix.
-pub(super) const PATH: &str = "/compress";
 
 #[derive(Deserialize)]
 struct CompressRequest<'a> {
@@ -60,11 +58,16 @@ pub(super) async fn answer(
     current: &Current,
     key: Option<&ClientKey>,
     headers: &http::HeaderMap,
-    body: Bytes,
+    inbound: Inbound,
     caller: Caller<'_>,
     log: &mut RequestLog,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     log.route = Route::Local;
+    let Inbound::Buffered(body) = inbound else {
+        return Err(ProxyError::BadRequest(
+            "the engine contract takes a JSON body (content-type: application/json)".into(),
+        ));
+    };
     let request: CompressRequest<'_> = serde_json::from_slice(&body).map_err(|e| {
         ProxyError::BadRequest(format!(
             "the body must be {{\"messages\": [...], \"model\": \"...\"}}: {e}"

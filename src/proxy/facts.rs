@@ -20,6 +20,9 @@ use crate::routing::{body_model, model_hint, model_of, BodyModel};
 use crate::served::Contracts;
 use crate::upstream::Upstream;
 
+/// The engine contract's path under the API prefix (`super::compress`).
+const ENGINE_CONTRACT_PATH: &str = "/compress";
+
 /// What kind of request it is, before its body is read.
 pub(super) struct Facts<'c> {
     /// The client key, when auth is on.
@@ -93,7 +96,7 @@ pub(super) fn classify<'c>(
             && (current.upstreams.routing_needs_model(family) || restricted),
         restricted,
         path_model,
-        engine_contract: post && rest == super::compress::PATH,
+        engine_contract: post && rest == ENGINE_CONTRACT_PATH,
     }
 }
 

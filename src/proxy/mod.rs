@@ -32,7 +32,7 @@ use crate::upstream::{Target, Upstream};
 
 use address::{address, forwarded_query, Addressed, UnderPrefix};
 use compacting::{calibration_sample, compact, serve, Compacting, Served};
-use facts::{authorize, classify, read, route, Inbound};
+use facts::{authorize, classify, read, route, Facts, Inbound};
 
 mod address;
 mod compacting;
@@ -109,7 +109,7 @@ async fn proxy(
     let UnderPrefix {
         rest,
         query,
-        mut parts,
+        parts,
         incoming,
         ..
     } = addressed;
@@ -117,15 +117,45 @@ async fn proxy(
     let (inbound, _reservation) = read(app, current, &facts, &parts, incoming, log).await?;
     if facts.engine_contract {
         let caller = facts.caller(current, client_address);
-        let Inbound::Buffered(body) = inbound else {
-            return Err(ProxyError::BadRequest(
-                "the engine contract takes a JSON body (content-type: application/json)".into(),
-            ));
-        };
-        return compress::answer(current, facts.key, &parts.headers, body, caller, log).await;
+        return compress::answer(current, key, &parts.headers, inbound, caller, log).await;
     }
-    let upstream = route(current, &facts, &inbound, log)?;
+    let request = Classified {
+        facts,
+        parts,
+        rest,
+        query,
+        client_address,
+    };
+    through_upstream(app, current, request, inbound, log).await
+}
+
+/// A request past the phases that read it: what it is, and where it was addressed.
+struct Classified<'c> {
+    facts: Facts<'c>,
+    parts: http::request::Parts,
+    rest: String,
+    query: Option<String>,
+    client_address: Option<std::net::IpAddr>,
+}
+
+/// The phases around the upstream call: route → served contracts → compact → send (with its
+/// one retry) → the served contracts' addition → respond.
+async fn through_upstream(
+    app: &App,
+    current: &Current,
+    request: Classified<'_>,
+    inbound: Inbound,
+    log: &mut RequestLog,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Classified {
+        facts,
+        mut parts,
+        rest,
+        query,
+        client_address,
+    } = request;
     let caller = facts.caller(current, client_address);
+    let upstream = route(current, &facts, &inbound, log)?;
     let ask = (upstream, caller);
     let served = serve(
         current,
@@ -155,14 +185,15 @@ async fn proxy(
         log,
     );
     let compacting = compacting.await?;
-    let query = forwarded_query(query.as_deref(), key.is_some(), upstream);
+    let keyed = facts.key.is_some();
+    let query = forwarded_query(query.as_deref(), keyed, upstream);
     let outgoing = Outgoing {
         target: Target::new(
             upstream,
             parts.method,
             upstream_uri(upstream, &rest, query)?,
         ),
-        headers: without_compactor_key(parts.headers, key.is_some()),
+        headers: without_compactor_key(parts.headers, keyed),
         caller,
     };
     let (response, compacted) = send(app, outgoing, compacting, log).await?;
