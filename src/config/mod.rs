@@ -304,6 +304,9 @@ pub enum CacheBackend {
 pub struct RedisConfig {
     /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (use `${VAR}`).
     pub url: Option<Secret>,
+    /// A Redis Cluster (or Valkey cluster) instead of `url`: some of its nodes, each
+    /// `redis://host:port` or `rediss://` (the rest are found from them).
+    pub cluster: Vec<Secret>,
     /// Overrides the URL's user name.
     pub username: Option<String>,
     /// Overrides the URL's password.
@@ -519,6 +522,7 @@ impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             url: None,
+            cluster: Vec::new(),
             username: None,
             password: None,
             signing_key: None,
@@ -640,6 +644,9 @@ impl Config {
         let redis = &mut self.cache.redis;
         if let Some(url) = redis.url.as_mut() {
             expand("cache.redis.url".into(), &mut url.0);
+        }
+        for (i, node) in redis.cluster.iter_mut().enumerate() {
+            expand(format!("cache.redis.cluster[{i}]"), &mut node.0);
         }
         if let Some(password) = redis.password.as_mut() {
             expand("cache.redis.password".into(), &mut password.0);

@@ -195,3 +195,26 @@ fn deerflow_block_loads_as_is() {
     );
     assert_eq!(config.summarization.trim_tokens_to_summarize, None);
 }
+
+#[test]
+fn a_redis_cluster_is_named_by_its_nodes_instead_of_a_url() {
+    let redis = |block: &str| {
+        format!("{MINIMAL}cache:\n  backend: redis\n  redis:\n    signing_key: a-signing-key-of-16-bytes\n{block}")
+    };
+    let cluster = redis("    cluster: [\"redis://127.0.0.1:7001\", \"redis://127.0.0.1:7002\"]\n");
+    let config = Config::from_yaml_with_env(&cluster, &no_env).expect("valid");
+    assert_eq!(config.cache.redis.cluster.len(), 2);
+    for (block, problem) in [
+        (
+            "    url: redis://127.0.0.1:6379\n    cluster: [\"redis://127.0.0.1:7001\"]\n",
+            "one or the other",
+        ),
+        ("    cluster: [\"http://127.0.0.1:7001\"]\n", "cache.redis.cluster[0]"),
+        ("", "cache.redis.url (or cache.redis.cluster): required"),
+    ] {
+        let err = Config::from_yaml_with_env(&redis(block), &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(problem), "{err}");
+    }
+}

@@ -364,14 +364,31 @@ impl Config {
     fn validate_redis(&self, problems: &mut Vec<String>) {
         let redis = &self.cache.redis;
         if self.cache.backend == CacheBackend::Redis {
-            match redis.url.as_ref().map(|url| url.expose()) {
-                None | Some("") => {
-                    problems.push("cache.redis.url: required with cache.backend: redis".into())
-                }
-                Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => {
+            let scheme = |url: &str| url.starts_with("redis://") || url.starts_with("rediss://");
+            let url = redis
+                .url
+                .as_ref()
+                .map(|url| url.expose())
+                .filter(|url| !url.is_empty());
+            match (url, redis.cluster.is_empty()) {
+                (None, true) => problems.push(
+                    "cache.redis.url (or cache.redis.cluster): required with cache.backend: redis"
+                        .into(),
+                ),
+                (Some(_), false) => problems.push(
+                    "cache.redis.url and cache.redis.cluster: one or the other, not both".into(),
+                ),
+                (Some(url), true) if !scheme(url) => {
                     problems.push("cache.redis.url: must start with redis:// or rediss://".into())
                 }
-                Some(_) => {}
+                _ => {}
+            }
+            for (i, node) in redis.cluster.iter().enumerate() {
+                if !scheme(node.expose()) {
+                    problems.push(format!(
+                        "cache.redis.cluster[{i}]: must start with redis:// or rediss://"
+                    ));
+                }
             }
             match redis.signing_key.as_ref().map(|key| key.expose().len()) {
                 None | Some(0) => problems.push(

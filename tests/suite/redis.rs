@@ -14,18 +14,46 @@ use sha2::{Digest, Sha256};
 struct RedisServer {
     port: u16,
     child: Option<tokio::process::Child>,
+    /// A cluster node's folder (its `nodes.conf`), when it is one.
+    cluster: Option<tempfile::TempDir>,
 }
 
 impl RedisServer {
     async fn start() -> RedisServer {
         let port = dead_address().await.port();
-        let mut server = RedisServer { port, child: None };
+        let mut server = RedisServer {
+            port,
+            child: None,
+            cluster: None,
+        };
+        server.run().await;
+        server
+    }
+
+    /// A node of a Redis Cluster (not joined to one yet); a master gone for a second is
+    /// replaced by its replica.
+    async fn start_cluster_node() -> RedisServer {
+        let port = dead_address().await.port();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            cluster: Some(tempfile::tempdir().expect("a folder for nodes.conf")),
+        };
         server.run().await;
         server
     }
 
     async fn run(&mut self) {
-        let child = tokio::process::Command::new("redis-server")
+        let mut command = tokio::process::Command::new("redis-server");
+        if let Some(dir) = &self.cluster {
+            command
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                // A replica takes over however long ago it last heard from its master.
+                .args(["--cluster-replica-validity-factor", "0"])
+                .arg("--dir")
+                .arg(dir.path());
+        }
+        let child = command
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdout(Stdio::null())
@@ -105,11 +133,21 @@ impl Replica {
         signing_key: &str,
         auth: &str,
     ) -> Replica {
+        let target = format!("url: {}", redis.url());
+        Replica::start_on(upstreams, &target, signing_key, auth).await
+    }
+
+    /// A replica whose `cache.redis` names its Redis by `target` (`url: …` or `cluster: […]`).
+    async fn start_on(
+        upstreams: &Upstreams,
+        target: &str,
+        signing_key: &str,
+        auth: &str,
+    ) -> Replica {
         let config = write_config(&format!(
-            "{auth}listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 200}}]\n  keep: {{type: messages, value: 2}}\n  max_calls_per_minute_per_tenant: 1000\ncache:\n  backend: redis\n  redis:\n    url: {}\n    signing_key: {signing_key}\n    key_prefix: \"test:\"\n    lease_secs: 1\n    command_timeout_secs: 0.5\n    connect_timeout_secs: 0.5\n    breaker_failures: 2\n    breaker_cooldown_secs: 0.05\n",
+            "{auth}listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 32\n  trigger: [{{type: tokens, value: 200}}]\n  keep: {{type: messages, value: 2}}\n  max_calls_per_minute_per_tenant: 1000\ncache:\n  backend: redis\n  redis:\n    {target}\n    signing_key: {signing_key}\n    key_prefix: \"test:\"\n    lease_secs: 1\n    command_timeout_secs: 0.5\n    connect_timeout_secs: 0.5\n    breaker_failures: 2\n    breaker_cooldown_secs: 0.05\n",
             upstreams.upstream.base_url(),
             upstreams.summarizer.base_url(),
-            redis.url()
         ));
         let (child, addr, _lines) = start(config.path()).await;
         Replica {
@@ -568,4 +606,230 @@ async fn a_replica_starts_from_the_calibration_another_learned() {
     let response = send(&second, "a1").await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.headers["x-compactor-tokens-count"], "calibrated");
+}
+
+/// A Redis Cluster of its own on loopback: three masters, each with a replica.
+struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    async fn start() -> RedisCluster {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            nodes.push(RedisServer::start_cluster_node().await);
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let created = tokio::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .expect("redis-cli is installed with redis-server");
+        assert!(created.success(), "redis-cli --cluster create");
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok().await;
+        cluster.wait_replicas_synced().await;
+        cluster
+    }
+
+    /// Waits (bounded) until every replica has its master's data: only then can it take over.
+    async fn wait_replicas_synced(&self) {
+        let synced = async {
+            loop {
+                let mut replicas = 0;
+                let mut linked = 0;
+                for node in &self.nodes {
+                    let Ok(mut connection) = node.connection().await else {
+                        continue;
+                    };
+                    let info: String = redis::cmd("INFO")
+                        .arg("replication")
+                        .query_async(&mut connection)
+                        .await
+                        .unwrap_or_default();
+                    if info.contains("role:slave") {
+                        replicas += 1;
+                        linked += usize::from(info.contains("master_link_status:up"));
+                    }
+                }
+                if replicas == 3 && linked == 3 {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(BOUND, synced)
+            .await
+            .expect("the replicas sync in time");
+    }
+
+    /// `cache.redis` naming two of its nodes: the client finds the rest.
+    fn target(&self) -> String {
+        format!(
+            "cluster: [{}, {}]",
+            self.nodes[0].url(),
+            self.nodes[1].url()
+        )
+    }
+
+    /// Waits (bounded) until every running node says the cluster is whole and every slot
+    /// is served.
+    async fn wait_ok(&self) {
+        let whole = async {
+            loop {
+                let mut ok = true;
+                for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+                    let info: Option<String> = match node.connection().await {
+                        Ok(mut connection) => redis::cmd("CLUSTER")
+                            .arg("INFO")
+                            .query_async(&mut connection)
+                            .await
+                            .ok(),
+                        Err(_) => None,
+                    };
+                    ok &= info.is_some_and(|info| info.contains("cluster_state:ok"));
+                }
+                if ok {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(BOUND, whole)
+            .await
+            .expect("the cluster is whole in time");
+    }
+
+    /// The node serving `key`'s slot as master.
+    async fn master_of(&self, key: &str) -> usize {
+        let alive = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a node runs");
+        let mut connection = alive.connection().await.expect("a node answers");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .expect("CLUSTER KEYSLOT");
+        let shards: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut connection)
+            .await
+            .expect("CLUSTER SLOTS");
+        let redis::Value::Array(ranges) = shards else {
+            panic!("CLUSTER SLOTS: {shards:?}")
+        };
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(from)),
+                Some(redis::Value::Int(to)),
+                Some(redis::Value::Array(master)),
+            ) = (fields.first(), fields.get(1), fields.get(2))
+            else {
+                continue;
+            };
+            if (*from..=*to).contains(&i64::from(slot)) {
+                if let Some(redis::Value::Int(port)) = master.get(1) {
+                    return self
+                        .nodes
+                        .iter()
+                        .position(|n| i64::from(n.port) == *port)
+                        .expect("a node of ours");
+                }
+            }
+        }
+        panic!("no master serves slot {slot}")
+    }
+}
+
+/// Every summary key this deployment wrote (they start with the test prefix).
+async fn summary_keys(cluster: &RedisCluster) -> Vec<String> {
+    let mut keys = Vec::new();
+    for node in cluster.nodes.iter().filter(|n| n.child.is_some()) {
+        if let Ok(mut connection) = node.connection().await {
+            let found: Vec<String> = redis::cmd("KEYS")
+                .arg("test:s:*")
+                .query_async(&mut connection)
+                .await
+                .unwrap_or_default();
+            keys.extend(found);
+        }
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[tokio::test]
+async fn replicas_share_summaries_through_a_redis_cluster_and_a_lost_master_fails_no_request() {
+    let mut cluster = RedisCluster::start().await;
+    let upstreams = upstreams().await;
+    let target = cluster.target();
+    let key = "a-signing-key-for-tests";
+    let a = Replica::start_on(&upstreams, &target, key, "").await;
+    let b = Replica::start_on(&upstreams, &target, key, "").await;
+
+    // One replica summarizes, the other reuses it from the cluster with no call.
+    let mut messages = conversation("cluster", 6);
+    assert_eq!(outcome(&a.chat(&messages, "tenant").await), "summarized");
+    let calls = upstreams.summarizer.chat_calls();
+    messages.push(json!({"role": "assistant", "content": "done"}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    assert_eq!(outcome(&b.chat(&messages, "tenant").await), "reused");
+    assert_eq!(upstreams.summarizer.chat_calls(), calls);
+
+    // The master holding that summary goes away while both replicas keep serving: no request
+    // fails, and once its replica has taken over, summaries are shared again.
+    let stored = summary_keys(&cluster).await;
+    assert!(!stored.is_empty(), "the summary is in the cluster");
+    let lost = cluster.master_of(&stored[0]).await;
+    cluster.nodes[lost].stop().await;
+    for round in 0..10 {
+        for replica in [&a, &b] {
+            let answer = replica
+                .chat(&conversation(&format!("during{round}"), 6), "tenant")
+                .await;
+            assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
+        }
+    }
+    let promoted = async {
+        while cluster.master_of(&stored[0]).await == lost {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(BOUND, promoted)
+        .await
+        .expect("the lost master's replica takes over");
+    cluster.wait_ok().await;
+    let resumed = async {
+        let mut round = 0;
+        loop {
+            round += 1;
+            let mut messages = conversation(&format!("after{round}"), 6);
+            a.chat(&messages, "tenant").await;
+            messages.push(json!({"role": "assistant", "content": "done"}));
+            messages.push(json!({"role": "user", "content": "and then?"}));
+            let next = b.chat(&messages, "tenant").await;
+            assert_eq!(next.status, 200);
+            if outcome(&next) == "reused" {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(BOUND, resumed)
+        .await
+        .expect("reuse through the cluster resumes after the failover");
 }

@@ -21,9 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Client, IntoConnectionInfo, Value};
 use sha2::{Digest, Sha256};
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex as AsyncMutex;
 
 use crate::compaction::calibration::SharedCalibration;
 use crate::compaction::planner::plan::CachedSummary;
@@ -71,9 +73,48 @@ pub struct RedisTier {
     config: RedisConfig,
 }
 
+/// What the tier asks: one command, or the values of some keys (one `MGET` on one Redis, a
+/// `GET` a key on a cluster).
+enum Command {
+    One(redis::Cmd),
+    Get(Vec<String>),
+}
+
+impl From<redis::Cmd> for Command {
+    fn from(command: redis::Cmd) -> Command {
+        Command::One(command)
+    }
+}
+
+/// Where the tier's commands go: one Redis, or a cluster whose client routes each key to the
+/// node that holds its slot (a multi-key `MGET` is split per node and put back in order).
+enum Endpoint {
+    Single(Box<Client>),
+    Cluster(Box<ClusterClient>),
+}
+
+/// A connection to either, opened on first use and reconnecting by itself.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn query(&mut self, command: &redis::Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Connection::Single(connection) => command.query_async(connection).await,
+            Connection::Cluster(connection) => command.query_async(connection).await,
+        }
+    }
+}
+
 struct Tier {
-    client: Client,
-    connection: OnceCell<ConnectionManager>,
+    endpoint: Endpoint,
+    /// Opened on first use. A cluster connection that failed is opened anew: after a failover
+    /// its client keeps asking the lost master for that master's slots, and a new connection
+    /// reads the cluster's layout afresh from the nodes that are left.
+    connection: AsyncMutex<Option<Connection>>,
     connect_timeout: Duration,
     command_timeout: Duration,
     prefix: String,
@@ -90,30 +131,33 @@ struct Tier {
 
 impl RedisTier {
     pub fn new(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<RedisTier, String> {
-        let url = config
-            .url
-            .as_ref()
-            .map(|url| url.expose().to_string())
-            .unwrap_or_default();
-        let mut info = url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| format!("cache.redis.url: {e}"))?;
-        let mut settings = info.redis_settings().clone();
-        if let Some(username) = &config.username {
-            settings = settings.set_username(username);
-        }
-        if let Some(password) = config.password.as_ref().filter(|p| !p.is_empty()) {
-            settings = settings.set_password(password.expose());
-        }
-        info = info.set_redis_settings(settings);
-        let client = Client::open(info).map_err(|e| format!("cache.redis.url: {e}"))?;
+        let endpoint = if config.cluster.is_empty() {
+            let url = config.url.as_ref().map(|url| url.expose()).unwrap_or("");
+            let info =
+                with_credentials(url, config).map_err(|e| format!("cache.redis.url: {e}"))?;
+            let client = Client::open(info).map_err(|e| format!("cache.redis.url: {e}"))?;
+            Endpoint::Single(Box::new(client))
+        } else {
+            let nodes = config
+                .cluster
+                .iter()
+                .map(|node| with_credentials(node.expose(), config))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("cache.redis.cluster: {e}"))?;
+            let client = ClusterClient::builder(nodes)
+                .connection_timeout(Duration::from_secs_f64(config.connect_timeout_secs))
+                .response_timeout(Duration::from_secs_f64(config.command_timeout_secs))
+                .retries(1)
+                .build()
+                .map_err(|e| format!("cache.redis.cluster: {e}"))?;
+            Endpoint::Cluster(Box::new(client))
+        };
         metrics.redis_up(true);
         Ok(RedisTier {
             config: config.clone(),
             inner: Arc::new(Tier {
-                client,
-                connection: OnceCell::new(),
+                endpoint,
+                connection: AsyncMutex::new(None),
                 connect_timeout: Duration::from_secs_f64(config.connect_timeout_secs),
                 command_timeout: Duration::from_secs_f64(config.command_timeout_secs),
                 prefix: config.key_prefix.clone(),
@@ -138,9 +182,16 @@ impl RedisTier {
     /// Whether this tier was made with `config` (secrets compared too).
     pub fn made_with(&self, config: &RedisConfig) -> bool {
         let url = |c: &RedisConfig| c.url.as_ref().map(|u| u.expose().to_string());
+        let cluster = |c: &RedisConfig| {
+            c.cluster
+                .iter()
+                .map(|node| node.expose().to_string())
+                .collect::<Vec<_>>()
+        };
         let password = |c: &RedisConfig| c.password.as_ref().map(|p| p.expose().to_string());
         let signing = |c: &RedisConfig| c.signing_key.as_ref().map(|k| k.expose().to_string());
         url(&self.config) == url(config)
+            && cluster(&self.config) == cluster(config)
             && password(&self.config) == password(config)
             && signing(&self.config) == signing(config)
             && serde_json::to_string(&self.config).ok() == serde_json::to_string(config).ok()
@@ -157,9 +208,7 @@ impl RedisTier {
             return Vec::new();
         }
         let names: Vec<String> = keys.iter().map(|k| self.inner.key("s", k)).collect();
-        let mut command = redis::cmd("MGET");
-        command.arg(&names);
-        let Some(Value::Array(values)) = self.inner.run(command).await else {
+        let Some(Value::Array(values)) = self.inner.run(Command::Get(names.clone())).await else {
             return Vec::new();
         };
         keys.iter()
@@ -173,9 +222,8 @@ impl RedisTier {
     /// The summary of one layout (`key`, `flight`), or the mark that its summary is too large.
     pub async fn stored(&self, key: &CacheKey, flight: &CacheKey) -> Stored {
         let name = self.inner.key("s", key);
-        let mut command = redis::cmd("MGET");
-        command.arg(&name).arg(self.inner.key("b", flight));
-        match self.inner.run(command).await {
+        let names = vec![name.clone(), self.inner.key("b", flight)];
+        match self.inner.run(Command::Get(names)).await {
             Some(Value::Array(values)) if values.len() == 2 => {
                 if !matches!(values[1], Value::Nil) {
                     return Stored::TooLarge;
@@ -283,27 +331,41 @@ impl Tier {
 
     /// Runs one command within the command timeout; None when Redis did not answer (counted
     /// towards the breaker) or the breaker is open (after its cooldown one command probes).
-    async fn run(&self, command: redis::Cmd) -> Option<Value> {
+    async fn run(&self, command: impl Into<Command>) -> Option<Value> {
+        let command = command.into();
         let Ok(admission) = self.breaker.admit(Instant::now()) else {
             return None;
         };
         let attempt = async {
-            let connection = self
-                .connection
-                .get_or_try_init(|| async {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.connect_timeout))
-                        .set_response_timeout(Some(self.command_timeout))
-                        .set_number_of_retries(1);
-                    ConnectionManager::new_with_config(self.client.clone(), config).await
-                })
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut connection = connection.clone();
-            command
-                .query_async::<Value>(&mut connection)
-                .await
-                .map_err(|e| e.to_string())
+            let mut connection = self.connection().await.map_err(|e| e.to_string())?;
+            let answer = match (&command, &connection) {
+                (Command::One(command), _) => connection.query(command).await,
+                (Command::Get(names), Connection::Single(_)) => {
+                    let mut mget = redis::cmd("MGET");
+                    mget.arg(names);
+                    connection.query(&mget).await
+                }
+                // One GET a key, at once: each goes to its own slot's master. (The cluster
+                // client's own split of a multi-slot MGET miscounts its answers after a
+                // failover.)
+                (Command::Get(names), Connection::Cluster(_)) => {
+                    let gets = names.iter().map(|name| {
+                        let mut connection = connection.clone();
+                        async move {
+                            let mut get = redis::cmd("GET");
+                            get.arg(name);
+                            connection.query(&get).await
+                        }
+                    });
+                    futures_util::future::try_join_all(gets)
+                        .await
+                        .map(Value::Array)
+                }
+            };
+            if answer.is_err() && matches!(connection, Connection::Cluster(_)) {
+                *self.connection.lock().await = None;
+            }
+            answer.map_err(|e| e.to_string())
         };
         let bound = self.connect_timeout + self.command_timeout;
         let result = match tokio::time::timeout(bound, attempt).await {
@@ -325,6 +387,34 @@ impl Tier {
                 self.record(admission, false);
                 tracing::debug!("redis command failed: {e}");
                 None
+            }
+        }
+    }
+
+    /// The open connection, opened now when there is none.
+    async fn connection(&self) -> redis::RedisResult<Connection> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let connection = self.connect().await?;
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    async fn connect(&self) -> redis::RedisResult<Connection> {
+        match &self.endpoint {
+            Endpoint::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.command_timeout))
+                    .set_number_of_retries(1);
+                ConnectionManager::new_with_config(client.as_ref().clone(), config)
+                    .await
+                    .map(Connection::Single)
+            }
+            Endpoint::Cluster(client) => {
+                client.get_async_connection().await.map(Connection::Cluster)
             }
         }
     }
@@ -456,6 +546,19 @@ fn open(signing_key: &[u8], name: &str, value: &Value) -> Option<CachedSummary> 
     let json = open_bytes(signing_key, name, value)?;
     let summary: CachedSummary = serde_json::from_slice(json).ok()?;
     (summary.cut > 0 && !summary.text.trim().is_empty()).then_some(summary)
+}
+
+/// `url`'s connection info with the configured user name and password, which override its own.
+fn with_credentials(url: &str, config: &RedisConfig) -> redis::RedisResult<redis::ConnectionInfo> {
+    let info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(username) = &config.username {
+        settings = settings.set_username(username);
+    }
+    if let Some(password) = config.password.as_ref().filter(|p| !p.is_empty()) {
+        settings = settings.set_password(password.expose());
+    }
+    Ok(info.set_redis_settings(settings))
 }
 
 fn millis(duration: Duration) -> u64 {
