@@ -1,7 +1,8 @@
 # compactor in a container: `docker build -t compactor .` (podman: `podman build --format docker
 # -t compactor .`, since podman's default OCI format drops the HEALTHCHECK), then
 # `docker run -p 8080:8080 -e OPENAI_API_KEY compactor` (the shipped proxy.yaml, listening on
-# 0.0.0.0:8080 here). deploy/docker-compose.yaml runs it with the mock upstream to try it out;
+# 0.0.0.0:8080 here). The image holds compactor alone; the mock upstream that
+# deploy/docker-compose.yaml tries it out with is an image of its own (`--target mock`).
 # scripts/container-check.sh builds and checks all of it.
 
 # Build stage: the release binaries (compactor, and mock-upstream for the try-out compose file).
@@ -23,16 +24,23 @@ RUN touch src/main.rs src/lib.rs mock-upstream/src/main.rs mock-upstream/src/lib
  && cargo build --release --locked --workspace --bins \
  && strip target/release/compactor target/release/mock-upstream
 
-# Final stage: a slim Debian with the two binaries and the shipped config, run as a non-root
-# user. TLS roots are compiled in; ca-certificates is there for tls.native_roots.
-FROM debian:bookworm-slim
+# The mock upstream, for the try-out compose file and the container check only: never in the
+# production image (it carried a second copy of the tokenizer tables, about 47 MB).
+FROM debian:bookworm-slim AS mock
+COPY --from=build /src/target/release/mock-upstream /usr/local/bin/mock-upstream
+USER 65534:65534
+ENTRYPOINT ["mock-upstream"]
+
+# The production image (the default target: the last stage): a slim Debian with compactor and
+# the shipped config, run as a non-root user. TLS roots are compiled in; ca-certificates is
+# there for tls.native_roots.
+FROM debian:bookworm-slim AS compactor
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && groupadd --system --gid 10001 compactor \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin compactor
 COPY --from=build /src/target/release/compactor /usr/local/bin/compactor
-COPY --from=build /src/target/release/mock-upstream /usr/local/bin/mock-upstream
 COPY proxy.yaml /etc/compactor/proxy.yaml
 # The config is chosen here, through COMPACTOR_CONFIG, and nowhere on the command line: the
 # HEALTHCHECK's `compactor health` reads the same variable, so it probes the config that runs.

@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 work=$(mktemp -d)
 image=compactor:check
+mock_image=compactor-mock:check
 prefix=compactor-check
 port_mock=19100 port_summarizer=19101 port_proxy=19180 port_small=19181
 
@@ -159,7 +160,7 @@ pull_or_make valkey/valkey:8-alpine make_valkey
 say "building the image (cold: no layer of it cached)"
 # Cold by removing the cached layers rather than by --no-cache: podman does not reuse layers a
 # --no-cache build made, and the rebuild below must find them.
-$engine rmi -f "$image" compactor:local >/dev/null 2>&1 || true
+$engine rmi -f "$image" compactor:local "$mock_image" compactor-mock:local >/dev/null 2>&1 || true
 if [ "$engine" = podman ]; then podman image prune -f >/dev/null; else docker builder prune -af >/dev/null; fi
 started=$(date +%s)
 $engine build "${build_flags[@]}" -t "$image" . >"$work/build.log" 2>&1 \
@@ -181,6 +182,9 @@ base_size=$($engine image inspect --format '{{.Size}}' debian:bookworm-slim)
 [ "$recompiled" -le 2 ] || fail "a source edit recompiled $recompiled crates (the dependency layer is not reused)"
 $engine build -q "${build_flags[@]}" -t "$image" . >/dev/null
 size=$($engine image inspect --format '{{.Size}}' "$image")
+# The mock upstream is an image of its own, from the same build stage (cached: no compile).
+$engine build -q "${build_flags[@]}" --target mock -t "$mock_image" . >/dev/null \
+  || fail "the mock image does not build"
 
 say "the image: non-root user and group, a HEALTHCHECK that survived the build"
 [ "$($engine run --rm --entrypoint id "$image" -u)" = 10001 ] || fail "not uid 10001"
@@ -189,10 +193,12 @@ group=$($engine run --rm --entrypoint getent "$image" group 10001 || true)
 [ "${group%%:*}" = compactor ] || fail "gid 10001 has no group entry ($group)"
 $engine image inspect --format '{{json .Config.Healthcheck}}' "$image" | grep -q '"compactor","health"' \
   || fail "the image has no HEALTHCHECK (podman without --format docker drops it)"
+$engine run --rm --entrypoint ls "$image" /usr/local/bin/mock-upstream >/dev/null 2>&1 \
+  && fail "the production image carries the mock upstream"
 
 run_mock() { # NAME PORT MODE [ARGS...]
   local name=$1 port=$2 mode=$3; shift 3
-  $engine run -d --name "$prefix-$name" --network host --entrypoint mock-upstream "$image" \
+  $engine run -d --name "$prefix-$name" --network host "$mock_image" \
     --listen "127.0.0.1:$port" --mode "$mode" "$@" >/dev/null
 }
 wait_http() { # URL: up to 20 s
@@ -287,6 +293,7 @@ grep -q '"path":"/healthz"' <<<"$logs" && fail "health probes fill the access lo
 say "two replicas on one Valkey (deploy/docker-compose.yaml): one summarizes, the other reuses"
 # The compose file builds compactor:local when it is missing; this run's image is the same build.
 $engine tag "$image" compactor:local
+$engine tag "$mock_image" compactor-mock:local
 (cd deploy && COMPOSE_PROJECT_NAME=$prefix "${compose[@]}" -f docker-compose.yaml up -d) \
   >"$work/compose.log" 2>&1 || { tail -30 "$work/compose.log"; fail "compose up"; }
 wait_http http://127.0.0.1:8080/healthz

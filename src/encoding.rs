@@ -8,6 +8,7 @@
 pub enum Encoding {
     O200k,
     Cl100k,
+    #[cfg(feature = "hf-tokenizers")]
     File(&'static tokenizers::Tokenizer),
 }
 
@@ -15,6 +16,7 @@ impl PartialEq for Encoding {
     fn eq(&self, other: &Encoding) -> bool {
         match (self, other) {
             (Encoding::O200k, Encoding::O200k) | (Encoding::Cl100k, Encoding::Cl100k) => true,
+            #[cfg(feature = "hf-tokenizers")]
             (Encoding::File(a), Encoding::File(b)) => std::ptr::eq(*a, *b),
             _ => false,
         }
@@ -26,12 +28,14 @@ impl std::fmt::Debug for Encoding {
         f.write_str(match self {
             Encoding::O200k => "O200k",
             Encoding::Cl100k => "Cl100k",
+            #[cfg(feature = "hf-tokenizers")]
             Encoding::File(_) => "File",
         })
     }
 }
 
 /// Every `tokenizer.json` loaded, by path: one copy per process whatever the reloads.
+#[cfg(feature = "hf-tokenizers")]
 static LOADED: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<String, &'static tokenizers::Tokenizer>>,
 > = std::sync::LazyLock::new(Default::default);
@@ -41,6 +45,7 @@ impl Encoding {
         let tokenizer = match self {
             Encoding::O200k => bpe_openai::o200k_base(),
             Encoding::Cl100k => bpe_openai::cl100k_base(),
+            #[cfg(feature = "hf-tokenizers")]
             Encoding::File(tokenizer) => {
                 // Special tokens are the template's, which the per-message overhead stands for.
                 return tokenizer
@@ -52,6 +57,7 @@ impl Encoding {
     }
 
     /// The tokenizer in a Hugging Face `tokenizer.json`, loaded once per path.
+    #[cfg(feature = "hf-tokenizers")]
     pub fn from_file(path: &str) -> Result<Encoding, String> {
         let mut loaded = LOADED
             .lock()
@@ -63,6 +69,12 @@ impl Encoding {
         let tokenizer: &'static tokenizers::Tokenizer = Box::leak(Box::new(tokenizer));
         loaded.insert(path.to_string(), tokenizer);
         Ok(Encoding::File(tokenizer))
+    }
+
+    /// A build without the `hf-tokenizers` feature reads no `tokenizer.json`.
+    #[cfg(not(feature = "hf-tokenizers"))]
+    pub fn from_file(_path: &str) -> Result<Encoding, String> {
+        Err("this compactor was built without the hf-tokenizers feature".into())
     }
 
     /// OpenAI's encoding for one of its model names.
@@ -77,5 +89,14 @@ impl Encoding {
             .iter()
             .any(|prefix| model.starts_with(prefix))
             .then_some(Encoding::Cl100k)
+    }
+}
+
+#[cfg(all(test, not(feature = "hf-tokenizers")))]
+mod tests {
+    #[test]
+    fn without_the_feature_a_tokenizer_file_is_refused_with_why() {
+        let refused = super::Encoding::from_file("tokenizer.json").unwrap_err();
+        assert!(refused.contains("hf-tokenizers"), "{refused}");
     }
 }

@@ -30,6 +30,7 @@ pub mod routing;
 pub mod sealing;
 pub mod served;
 pub mod server;
+#[cfg_attr(not(feature = "otel"), path = "telemetry_absent.rs")]
 pub mod telemetry;
 pub mod upstream;
 pub mod usage;

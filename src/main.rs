@@ -377,7 +377,7 @@ fn health(url: Option<String>, config: &std::path::Path) -> ExitCode {
 /// instead of stalling the thread that serves requests.
 fn init_logging(
     format: LogFormat,
-    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+    tracer: Option<compactor::telemetry::Tracer>,
 ) -> (WorkerGuard, ErrorCounter) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -389,7 +389,13 @@ fn init_logging(
     let dropped = writer.error_counter();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    #[cfg(feature = "otel")]
     let spans = tracer.map(|tracer| tracing_opentelemetry::layer().with_tracer(tracer));
+    // Without the feature there is no tracer (the type has no value).
+    #[cfg(not(feature = "otel"))]
+    let spans = tracer.map(|tracer| match tracer {});
+    #[cfg(not(feature = "otel"))]
+    let spans: Option<tracing_subscriber::layer::Identity> = spans;
     let lines = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);

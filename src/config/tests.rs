@@ -196,6 +196,7 @@ fn deerflow_block_loads_as_is() {
     assert_eq!(config.summarization.trim_tokens_to_summarize, None);
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn a_redis_cluster_is_named_by_its_nodes_instead_of_a_url() {
     let redis = |block: &str| {
@@ -209,7 +210,10 @@ fn a_redis_cluster_is_named_by_its_nodes_instead_of_a_url() {
             "    url: redis://127.0.0.1:6379\n    cluster: [\"redis://127.0.0.1:7001\"]\n",
             "one or the other",
         ),
-        ("    cluster: [\"http://127.0.0.1:7001\"]\n", "cache.redis.cluster[0]"),
+        (
+            "    cluster: [\"http://127.0.0.1:7001\"]\n",
+            "cache.redis.cluster[0]",
+        ),
         ("", "cache.redis.url (or cache.redis.cluster): required"),
     ] {
         let err = Config::from_yaml_with_env(&redis(block), &no_env)
@@ -217,4 +221,14 @@ fn a_redis_cluster_is_named_by_its_nodes_instead_of_a_url() {
             .to_string();
         assert!(err.contains(problem), "{err}");
     }
+}
+
+#[cfg(not(feature = "redis"))]
+#[test]
+fn without_the_redis_feature_a_redis_cache_is_refused_with_why() {
+    let yaml = format!("{MINIMAL}cache:\n  backend: redis\n  redis:\n    url: redis://127.0.0.1:6379\n    signing_key: a-signing-key-of-16-bytes\n");
+    let err = Config::from_yaml_with_env(&yaml, &no_env)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("redis feature"), "{err}");
 }

@@ -363,6 +363,10 @@ const MIN_SIGNING_KEY_BYTES: usize = 16;
 impl Config {
     fn validate_redis(&self, problems: &mut Vec<String>) {
         let redis = &self.cache.redis;
+        #[cfg(not(feature = "redis"))]
+        if self.cache.backend == CacheBackend::Redis {
+            problems.push(crate::compaction::summaries::redis_tier::WITHOUT.into());
+        }
         if self.cache.backend == CacheBackend::Redis {
             let scheme = |url: &str| url.starts_with("redis://") || url.starts_with("rediss://");
             let url = redis

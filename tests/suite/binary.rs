@@ -354,6 +354,7 @@ async fn the_log_and_the_metrics_carry_no_secret_and_no_message_content() {
     }
 }
 
+#[cfg(feature = "otel")]
 #[tokio::test]
 async fn traces_go_to_the_collector_with_the_summarizer_as_a_child_and_traceparent_upstream() {
     let upstream = echo_mock().await;

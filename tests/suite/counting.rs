@@ -516,6 +516,7 @@ async fn an_openai_model_near_its_trigger_is_counted_with_its_own_tokenizer() {
     }
 }
 
+#[cfg(feature = "hf-tokenizers")]
 #[tokio::test]
 async fn an_open_model_is_counted_with_its_tokenizer_json() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer.json");

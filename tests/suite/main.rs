@@ -20,6 +20,7 @@ mod overflow;
 mod planner;
 mod quality;
 mod random_runs;
+#[cfg(feature = "redis")]
 mod redis;
 mod responses;
 mod sdk_async_openai;

@@ -548,6 +548,7 @@ mod tests {
         assert_eq!(Encoding::O200k.count("Hello, world!"), 4);
     }
 
+    #[cfg(feature = "hf-tokenizers")]
     #[test]
     fn a_tokenizer_file_counts_an_open_model_and_is_loaded_once() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer.json");

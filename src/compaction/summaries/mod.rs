@@ -6,6 +6,10 @@ pub mod budget;
 pub mod cache;
 pub mod identifiers;
 pub mod message_text;
+#[cfg(feature = "redis")]
+pub mod redis_tier;
+#[cfg(not(feature = "redis"))]
+#[path = "redis_tier_absent.rs"]
 pub mod redis_tier;
 pub mod single_flight;
 pub mod store;
