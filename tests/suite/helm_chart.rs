@@ -292,15 +292,23 @@ fn the_compose_file_and_its_config_hold_together() {
         Some("redis://redis:6379")
     );
 
-    // The image: two stages, a non-root user, the health check the binary answers.
+    // The image: a build stage, the mock's image for the try-out, and the production image
+    // last (the default target) holding compactor alone; a non-root user, the health check the
+    // binary answers.
     let dockerfile = read(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"));
-    assert_eq!(
-        dockerfile
-            .lines()
-            .filter(|l| l.starts_with("FROM "))
-            .count(),
-        2
-    );
+    let stages: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(stages.len(), 3, "{stages:?}");
+    assert!(stages[2].ends_with("AS compactor"), "{stages:?}");
+    let production = dockerfile.rsplit("FROM ").next().unwrap_or_default();
+    assert!(!production.contains("mock-upstream"), "{production}");
+    for service in ["mock", "summarizer"] {
+        assert_eq!(services[service]["image"], "compactor-mock:local", "{service}");
+    }
+    assert_eq!(compose["services"]["mock"]["build"]["target"], "mock");
+    assert_eq!(shared["build"]["target"], "compactor");
     assert!(dockerfile
         .lines()
         .any(|l| l.starts_with("USER 10001:10001")));
