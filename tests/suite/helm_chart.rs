@@ -305,7 +305,10 @@ fn the_compose_file_and_its_config_hold_together() {
     let production = dockerfile.rsplit("FROM ").next().unwrap_or_default();
     assert!(!production.contains("mock-upstream"), "{production}");
     for service in ["mock", "summarizer"] {
-        assert_eq!(services[service]["image"], "compactor-mock:local", "{service}");
+        assert_eq!(
+            services[service]["image"], "compactor-mock:local",
+            "{service}"
+        );
     }
     assert_eq!(compose["services"]["mock"]["build"]["target"], "mock");
     assert_eq!(shared["build"]["target"], "compactor");
