@@ -47,21 +47,19 @@ fi
 cargo test --locked --workspace
 cargo build --locked --workspace --bins
 
+# A venv at DIR from REQUIREMENTS, made again only when they change (a stamp of their hash).
+venv_from() { # DIR REQUIREMENTS
+  local dir=$1 requirements=$2 want
+  want=$(sha256sum "$requirements" | cut -d' ' -f1)
+  if [ ! -x "$dir/bin/python" ] || [ "$(cat "$dir/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    echo "$want" > "$dir/.requirements.sha256"
+  fi
+}
 venv=.venv
-stamp="$venv/.requirements.sha256"
-want=$(sha256sum tests/python/requirements.txt | cut -d' ' -f1)
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-  echo "$want" > "$stamp"
-fi
-# The real LiteLLM proxy for tests/python/test_gateways.py, frozen in a venv of its own.
-gateways=.venv-gateways
-gateways_stamp="$gateways/.requirements.sha256"
-gateways_want=$(sha256sum tests/gateways/requirements.txt | cut -d' ' -f1)
-if [ ! -x "$gateways/bin/litellm" ] || [ "$(cat "$gateways_stamp" 2>/dev/null)" != "$gateways_want" ]; then
-  python3 -m venv "$gateways"
-  "$gateways/bin/pip" install --quiet --disable-pip-version-check -r tests/gateways/requirements.txt
-  echo "$gateways_want" > "$gateways_stamp"
-fi
+venv_from "$venv" tests/python/requirements.txt
+# The real LiteLLM proxy for tests/python/test_gateways.py, frozen in a venv of its own (its
+# pins would fight the SDKs').
+venv_from .venv-gateways tests/gateways/requirements.txt
 "$venv/bin/python" -m pytest -q tests/python

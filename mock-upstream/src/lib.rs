@@ -580,25 +580,17 @@ async fn serve_request(
             return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
         }
     }
-    let counting = header_str(&parts.headers, "x-mock-tokenizer")
-        .and_then(window::Counting::parse)
-        .unwrap_or(options.counting);
-    let limit = header_num::<u64>(&parts.headers, "x-mock-window").or(options.window);
-    if let Some(limit) = limit {
-        let style = header_str(&parts.headers, "x-mock-window-style")
-            .and_then(window::Style::parse)
-            .unwrap_or(if messages_api {
-                window::Style::Anthropic
-            } else if responses_api {
-                window::Style::Responses
-            } else {
-                window::Style::OpenAi
-            });
-        if let Some((status, body)) = window::check(&request, limit, style, counting) {
-            state.window_refusals.fetch_add(1, Ordering::SeqCst);
-            return Ok(full(status, "application/json", body));
-        }
-    }
+    let style = if messages_api {
+        window::Style::Anthropic
+    } else if responses_api {
+        window::Style::Responses
+    } else {
+        window::Style::OpenAi
+    };
+    let counting = match within_window(&state, &options, &parts.headers, &request, style) {
+        Ok(counting) => counting,
+        Err(refused) => return Ok(refused),
+    };
     state.chat_calls.fetch_add(1, Ordering::SeqCst);
 
     let mode = header_str(headers, "x-mock-mode")
@@ -925,6 +917,34 @@ fn completion_json(id: &str, model: &str, reply: &Reply, request: &Value) -> Val
     })
 }
 
+/// How the request is counted (`x-mock-tokenizer`, else the instance's), or the provider's
+/// context-length error when it does not fit the window (`x-mock-window`, else the instance's;
+/// the error in `style` unless `x-mock-window-style` names another).
+fn within_window(
+    state: &MockState,
+    options: &MockOptions,
+    headers: &http::HeaderMap,
+    request: &Value,
+    style: window::Style,
+) -> Result<window::Counting, Response<MockBody>> {
+    let counting = header_str(headers, "x-mock-tokenizer")
+        .and_then(window::Counting::parse)
+        .unwrap_or(options.counting);
+    let Some(limit) = header_num::<u64>(headers, "x-mock-window").or(options.window) else {
+        return Ok(counting);
+    };
+    let style = header_str(headers, "x-mock-window-style")
+        .and_then(window::Style::parse)
+        .unwrap_or(style);
+    match window::check(request, limit, style, counting) {
+        Some((status, body)) => {
+            state.window_refusals.fetch_add(1, Ordering::SeqCst);
+            Err(full(status, "application/json", body))
+        }
+        None => Ok(counting),
+    }
+}
+
 /// A Gemini model call: refused as Google refuses it, else the fixed answer, whole or
 /// streamed (SSE with `alt=sse`, else one JSON array).
 fn gemini_reply(
@@ -948,19 +968,16 @@ fn gemini_reply(
         return full(status, "application/json", error.to_string());
     }
     let request: Value = serde_json::from_slice(body).unwrap_or_default();
-    let counting = header_str(&parts.headers, "x-mock-tokenizer")
-        .and_then(window::Counting::parse)
-        .unwrap_or(options.counting);
-    let limit = header_num::<u64>(&parts.headers, "x-mock-window").or(options.window);
-    if let Some(limit) = limit {
-        let style = header_str(&parts.headers, "x-mock-window-style")
-            .and_then(window::Style::parse)
-            .unwrap_or(window::Style::Google);
-        if let Some((status, body)) = window::check(&request, limit, style, counting) {
-            state.window_refusals.fetch_add(1, Ordering::SeqCst);
-            return full(status, "application/json", body);
-        }
-    }
+    let counting = match within_window(
+        state,
+        options,
+        &parts.headers,
+        &request,
+        window::Style::Google,
+    ) {
+        Ok(counting) => counting,
+        Err(refused) => return refused,
+    };
     state.chat_calls.fetch_add(1, Ordering::SeqCst);
     let by = gemini::Answerer {
         model,

@@ -6,29 +6,8 @@ use crate::common::*;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-/// A conversation well over a 1 500-token trigger.
-fn history(turns: usize) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "system", "content": "You are a careful engineer."})];
-    for t in 0..turns {
-        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
-        messages.push(json!({"role": "user", "content": words("question")}));
-        messages.push(json!({"role": "assistant", "content": words("answer")}));
-    }
-    messages.push(json!({"role": "user", "content": "And what now?"}));
-    messages
-}
-
 const AUDIT: &str =
     "  mode: audit\n  trigger: [{type: tokens, value: 1500}]\n  keep: {type: messages, value: 4}\n";
-
-fn header(response: &Collected, name: &str) -> String {
-    response
-        .headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
-}
 
 fn number(response: &Collected, name: &str) -> u64 {
     header(response, name).parse().unwrap_or(0)
@@ -37,7 +16,7 @@ fn number(response: &Collected, name: &str) -> u64 {
 #[tokio::test]
 async fn audit_forwards_every_request_as_it_came_and_says_what_enforce_would_have_done() {
     let stack = stack_with_defaults(AUDIT).await;
-    let messages = history(20);
+    let messages = long_chat(20);
     let body = json!({"model": "gpt-4o-mini", "messages": messages}).to_string();
     for stream in [false, true] {
         let mut sent: Value = serde_json::from_str(&body).unwrap();
@@ -115,7 +94,7 @@ async fn audit_forwards_every_request_as_it_came_and_says_what_enforce_would_hav
 #[tokio::test]
 async fn an_upstreams_context_error_reaches_the_client_as_it_would_without_compactor() {
     let stack = stack_with_defaults(AUDIT).await;
-    let body = json!({"model": "gpt-4o-mini", "messages": history(20)}).to_string();
+    let body = json!({"model": "gpt-4o-mini", "messages": long_chat(20)}).to_string();
     let url = stack.proxy.url("/v1/chat/completions");
     let response = roundtrip(
         &client(),
@@ -138,7 +117,7 @@ async fn one_key_is_audited_while_the_others_are_compacted() {
         "  trigger: [{{type: tokens, value: 1500}}]\n  keep: {{type: messages, value: 4}}\n{keys}"
     ))
     .await;
-    let messages = history(20);
+    let messages = long_chat(20);
     let trial = send_chat(
         &stack.proxy,
         &messages,
@@ -161,7 +140,7 @@ async fn one_key_is_audited_while_the_others_are_compacted() {
 #[tokio::test]
 async fn a_shadow_sample_makes_the_summary_off_the_request_path_so_enforce_starts_warm() {
     let stack = stack_with_defaults(&format!("{AUDIT}  audit: {{shadow_sample: 1.0}}\n")).await;
-    let messages = history(20);
+    let messages = long_chat(20);
     let first = send_chat(&stack.proxy, &messages, &[]).await;
     assert_eq!(outcome(&first), "skipped");
     assert_eq!(header(&first, "x-compactor-audit"), "summarized");

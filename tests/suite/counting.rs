@@ -357,15 +357,6 @@ async fn send(stack: &Tokenized, messages: &[Value], stream: bool) -> Collected 
     response
 }
 
-fn header(response: &Collected, name: &str) -> String {
-    response
-        .headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
-}
-
 #[tokio::test]
 async fn every_class_is_compacted_before_a_tokenizers_window_with_no_refusal() {
     let stack = tokenized(8_000, "  trigger: [{type: fraction, value: 0.75}]\n").await;

@@ -6,17 +6,6 @@ use crate::common::*;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-fn history(turns: usize) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "system", "content": "You are a careful engineer."})];
-    for t in 0..turns {
-        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
-        messages.push(json!({"role": "user", "content": words("question")}));
-        messages.push(json!({"role": "assistant", "content": words("answer")}));
-    }
-    messages.push(json!({"role": "user", "content": "And what now?"}));
-    messages
-}
-
 const SETTINGS: &str =
     "  trigger: [{type: tokens, value: 1500}]\n  keep: {type: messages, value: 4}\n";
 
@@ -28,7 +17,7 @@ async fn compress(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> Coll
 #[tokio::test]
 async fn a_gateways_messages_are_compacted_then_the_summary_reused() {
     let stack = stack_with(SETTINGS, Default::default()).await;
-    let messages = history(20);
+    let messages = long_chat(20);
     let first = compress(
         &stack.proxy,
         &json!({"model": "gpt-4o-mini", "messages": messages}),
@@ -147,7 +136,7 @@ async fn a_short_conversation_comes_back_as_it_came_and_a_bad_body_gets_400() {
 async fn with_auth_the_callers_key_is_required_and_scopes_its_summaries() {
     let keys = "auth:\n  keys:\n    - name: gateway\n      key: sk-gateway\n    - name: other\n      key: sk-other\n";
     let stack = stack_with(&format!("{SETTINGS}{keys}"), Default::default()).await;
-    let body = json!({"model": "gpt-4o-mini", "messages": history(20)});
+    let body = json!({"model": "gpt-4o-mini", "messages": long_chat(20)});
     let anonymous = compress(&stack.proxy, &body, &[]).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
     let gateway = compress(

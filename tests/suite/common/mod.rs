@@ -269,6 +269,30 @@ pub async fn send_chat_with(
     .await
 }
 
+/// A response header's value, empty when absent.
+pub fn header(response: &Collected, name: &str) -> String {
+    response
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A chat conversation of `turns` exchanges (each about 80 tokens a side) after a system prompt,
+/// ending on a user question: well over a 1 500-token trigger at 20 turns.
+pub fn long_chat(turns: usize) -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let mut messages = vec![json!({"role": "system", "content": "You are a careful engineer."})];
+    for t in 0..turns {
+        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
+        messages.push(json!({"role": "user", "content": words("question")}));
+        messages.push(json!({"role": "assistant", "content": words("answer")}));
+    }
+    messages.push(json!({"role": "user", "content": "And what now?"}));
+    messages
+}
+
 /// The `x-compactor-compaction` header.
 pub fn outcome(response: &Collected) -> String {
     response.headers["x-compactor-compaction"]
