@@ -589,7 +589,7 @@ async fn serve_request(
     };
     let counting = match within_window(&state, &options, &parts.headers, &request, style) {
         Ok(counting) => counting,
-        Err(refused) => return Ok(refused),
+        Err((status, body)) => return Ok(full(status, "application/json", body)),
     };
     state.chat_calls.fetch_add(1, Ordering::SeqCst);
 
@@ -926,7 +926,7 @@ fn within_window(
     headers: &http::HeaderMap,
     request: &Value,
     style: window::Style,
-) -> Result<window::Counting, Response<MockBody>> {
+) -> Result<window::Counting, (StatusCode, String)> {
     let counting = header_str(headers, "x-mock-tokenizer")
         .and_then(window::Counting::parse)
         .unwrap_or(options.counting);
@@ -937,9 +937,9 @@ fn within_window(
         .and_then(window::Style::parse)
         .unwrap_or(style);
     match window::check(request, limit, style, counting) {
-        Some((status, body)) => {
+        Some(refusal) => {
             state.window_refusals.fetch_add(1, Ordering::SeqCst);
-            Err(full(status, "application/json", body))
+            Err(refusal)
         }
         None => Ok(counting),
     }
@@ -976,7 +976,7 @@ fn gemini_reply(
         window::Style::Google,
     ) {
         Ok(counting) => counting,
-        Err(refused) => return refused,
+        Err((status, body)) => return full(status, "application/json", body),
     };
     state.chat_calls.fetch_add(1, Ordering::SeqCst);
     let by = gemini::Answerer {
