@@ -365,7 +365,8 @@ impl Config {
         let redis = &self.cache.redis;
         #[cfg(not(feature = "redis"))]
         if self.cache.backend == CacheBackend::Redis {
-            problems.push(crate::compaction::summaries::redis_tier::WITHOUT.into());
+            problems
+                .push("cache.backend: redis needs a compactor built with the redis feature".into());
         }
         if self.cache.backend == CacheBackend::Redis {
             let scheme = |url: &str| url.starts_with("redis://") || url.starts_with("rediss://");
