@@ -34,14 +34,59 @@ impl std::fmt::Debug for Encoding {
     }
 }
 
+/// A 64-bit hash of a text (with its length, the cache's key: a collision would need both).
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Every `tokenizer.json` loaded, by path: one copy per process whatever the reloads.
 #[cfg(feature = "hf-tokenizers")]
 static LOADED: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<String, &'static tokenizers::Tokenizer>>,
 > = std::sync::LazyLock::new(Default::default);
 
+/// Texts shorter than this are counted every time: cheaper than a lookup.
+const CACHED_FROM_BYTES: usize = 32;
+/// Counts kept: a conversation's messages, over the turns of a few hundred conversations.
+const CACHED_COUNTS: usize = 65_536;
+
+/// The counts of texts already counted, by encoding and a hash of the text. A conversation is
+/// sent whole on every turn and a body near a trigger is counted exactly, so without it each
+/// turn pays the tokenizer for every earlier message again (most of the reuse path's time at
+/// 1 MB); with it, for the new messages only.
+static COUNTED: std::sync::LazyLock<quick_cache::sync::Cache<(usize, u64, usize), u64>> =
+    std::sync::LazyLock::new(|| quick_cache::sync::Cache::new(CACHED_COUNTS));
+
 impl Encoding {
+    /// The text's tokens, from the cache of texts counted before when it is long enough.
     pub fn count(self, text: &str) -> u64 {
+        if text.len() < CACHED_FROM_BYTES {
+            return self.count_now(text);
+        }
+        let key = (self.id(), text_hash(text), text.len());
+        if let Some(tokens) = COUNTED.get(&key) {
+            return tokens;
+        }
+        let tokens = self.count_now(text);
+        COUNTED.insert(key, tokens);
+        tokens
+    }
+
+    /// Which encoding it is, for the cache's key: a `tokenizer.json` by its (leaked, lasting)
+    /// address.
+    fn id(self) -> usize {
+        match self {
+            Encoding::O200k => 0,
+            Encoding::Cl100k => 1,
+            #[cfg(feature = "hf-tokenizers")]
+            Encoding::File(tokenizer) => std::ptr::from_ref(tokenizer) as usize,
+        }
+    }
+
+    fn count_now(self, text: &str) -> u64 {
         let tokenizer = match self {
             Encoding::O200k => bpe_openai::o200k_base(),
             Encoding::Cl100k => bpe_openai::cl100k_base(),
@@ -98,5 +143,27 @@ mod tests {
     fn without_the_feature_a_tokenizer_file_is_refused_with_why() {
         let refused = super::Encoding::from_file("tokenizer.json").unwrap_err();
         assert!(refused.contains("hf-tokenizers"), "{refused}");
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::Encoding;
+
+    #[test]
+    fn a_cached_count_is_the_tokenizers_own_for_each_encoding() {
+        let text = "fn step() { run(); } // the parser drops a token\n".repeat(40);
+        for _ in 0..2 {
+            for encoding in [Encoding::O200k, Encoding::Cl100k] {
+                assert_eq!(encoding.count(&text), encoding.count_now(&text));
+            }
+        }
+        // The same text under two encodings is two entries, not one.
+        let cjk = "读取文件并修复错误。".repeat(40);
+        assert_ne!(Encoding::O200k.count(&cjk), Encoding::Cl100k.count(&cjk));
+        assert_eq!(
+            Encoding::Cl100k.count(&cjk),
+            Encoding::Cl100k.count_now(&cjk)
+        );
     }
 }
