@@ -30,6 +30,7 @@ use crate::compaction::planner::conversation::{
     ToolCall, ToolOutput,
 };
 use crate::compaction::planner::raw_json::{ContentMember, RoleAndContent};
+use crate::compaction::planner::rewrite::with_first_element;
 use crate::compaction::reason::Reason;
 use crate::compaction::summaries::message_text::json_text;
 use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
@@ -309,19 +310,8 @@ impl Dialect for Gemini {
         framed: &str,
         _breakpoint: Option<&str>,
     ) -> Option<String> {
-        let text = std::str::from_utf8(body).ok()?;
-        let content = content?;
-        let rest = text.get(content.clone())?.strip_prefix('[')?;
-        let parts = if rest.trim_start().starts_with(']') {
-            format!("[{}]", text_part(framed))
-        } else {
-            format!("[{},{rest}", text_part(framed))
-        };
-        Some(format!(
-            "{}{parts}{}",
-            text.get(message.start..content.start)?,
-            text.get(content.end..message.end)?
-        ))
+        // `parts` is always an array; anything else is not joined.
+        with_first_element(body, &message, &content?, &text_part(framed), |_| None)
     }
 }
 

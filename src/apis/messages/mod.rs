@@ -30,7 +30,7 @@ use crate::compaction::planner::conversation::{
 };
 use crate::compaction::planner::conversation::{Dialect, PartKind};
 use crate::compaction::planner::raw_json::{ContentMember, RoleAndContent};
-use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
+use crate::compaction::planner::rewrite::{with_first_element, SUMMARY_PREFIX};
 use crate::compaction::reason::Reason;
 use crate::config::{SummaryPlacement, SummaryRole};
 
@@ -270,7 +270,11 @@ impl Dialect for Messages {
         framed: &str,
         breakpoint: Option<&str>,
     ) -> Option<String> {
-        merged_anthropic_user(body, &message, &content?, &block_json(framed, breakpoint))
+        // String content becomes a text block after the summary's.
+        let block = block_json(framed, breakpoint);
+        with_first_element(body, &message, &content?, &block, |raw| {
+            Some(format!(r#"[{block},{{"type":"text","text":{raw}}}]"#))
+        })
     }
 }
 
@@ -300,28 +304,6 @@ fn block_json(framed: &str, breakpoint: Option<&str>) -> String {
         block["cache_control"] = value;
     }
     block.to_string()
-}
-
-/// The Anthropic user message at `message` with `block` as its first content block, spliced
-/// into its bytes: string content becomes a text block after it, every other byte is kept.
-fn merged_anthropic_user(
-    body: &[u8],
-    message: &Range<usize>,
-    content: &Range<usize>,
-    block: &str,
-) -> Option<String> {
-    let text = std::str::from_utf8(body).ok()?;
-    let raw = text.get(content.clone())?;
-    let new_content = match raw.strip_prefix('[') {
-        Some(rest) if rest.trim_start().starts_with(']') => format!("[{block}]"),
-        Some(rest) => format!("[{block},{rest}"),
-        None => format!(r#"[{block},{{"type":"text","text":{raw}}}]"#),
-    };
-    Some(format!(
-        "{}{new_content}{}",
-        text.get(message.start..content.start)?,
-        text.get(content.end..message.end)?
-    ))
 }
 
 #[cfg(test)]

@@ -250,6 +250,30 @@ fn split_copy(raw: &str, calls: &[usize]) -> Option<String> {
     serde_json::to_string(&message).ok()
 }
 
+/// The message at `message` in `body` with `element` first in its content (at `content`): an
+/// array gets it in front of its items, every other byte kept; content that is not an array is
+/// rewritten by `not_array` (None: the summary is not joined to it).
+pub(crate) fn with_first_element(
+    body: &[u8],
+    message: &Range<usize>,
+    content: &Range<usize>,
+    element: &str,
+    not_array: impl FnOnce(&str) -> Option<String>,
+) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let raw = text.get(content.clone())?;
+    let new_content = match raw.strip_prefix('[') {
+        Some(rest) if rest.trim_start().starts_with(']') => format!("[{element}]"),
+        Some(rest) => format!("[{element},{rest}"),
+        None => not_array(raw)?,
+    };
+    Some(format!(
+        "{}{new_content}{}",
+        text.get(message.start..content.start)?,
+        text.get(content.end..message.end)?
+    ))
+}
+
 /// Validates `layout` and splices `summary_json` in as a message of its own: the whole
 /// rewrite in one call.
 pub fn rewrite(
