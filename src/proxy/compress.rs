@@ -11,9 +11,8 @@
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
 
 use super::facts::Inbound;
 use crate::access_log::RequestLog;
@@ -88,7 +87,13 @@ pub(super) async fn answer(
         true => (Api::Messages, UpstreamApi::Anthropic),
         false => (Api::ChatCompletions, UpstreamApi::Openai),
     };
-    let planned = json!({"model": model, "messages": request.messages}).to_string();
+    // The messages go on as their bytes, into the body planned and back into the answer: never
+    // taken apart into a tree and written again.
+    let planned = serde_json::to_vec(&Planned {
+        model: &model,
+        messages: &request.messages,
+    })
+    .map_err(|e| ProxyError::Internal(format!("cannot write the planned body: {e}")))?;
     let upstream = current
         .upstreams
         .route(
@@ -117,18 +122,17 @@ pub(super) async fn answer(
         }
         _ => None,
     };
-    let messages = compacted
+    // The compacted body is the planned one with its messages rewritten: read the same way.
+    let compacted_messages = compacted
         .as_ref()
-        .and_then(|compacted| messages_of(&compacted.body))
-        .unwrap_or_else(|| {
-            request
-                .messages
-                .iter()
-                .filter_map(|raw| serde_json::from_str(raw.get()).ok())
-                .collect()
-        });
-    let answer = answer_json(messages, compacted.as_ref());
-    let mut response = Response::new(body::full(Bytes::from(answer.to_string())));
+        .and_then(|compacted| serde_json::from_slice::<CompressRequest<'_>>(&compacted.body).ok());
+    let messages = match &compacted_messages {
+        Some(compacted) => &compacted.messages,
+        None => &request.messages,
+    };
+    let answer = answer_json(messages, compacted.as_ref())
+        .map_err(|e| ProxyError::Internal(format!("cannot write the answer: {e}")))?;
+    let mut response = Response::new(body::full(Bytes::from(answer)));
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -141,18 +145,31 @@ pub(super) async fn answer(
     Ok(response)
 }
 
-/// The `messages` array of a compacted body.
-fn messages_of(body: &[u8]) -> Option<Vec<Value>> {
-    #[derive(Deserialize)]
-    struct Messages {
-        messages: Vec<Value>,
-    }
-    serde_json::from_slice::<Messages>(body)
-        .ok()
-        .map(|body| body.messages)
+/// A chat completions or Messages body as the engine plans it: each message the bytes it came
+/// in.
+#[derive(Serialize)]
+struct Planned<'a> {
+    model: &'a str,
+    messages: &'a [&'a RawValue],
 }
 
-fn answer_json(messages: Vec<Value>, compacted: Option<&Compacted>) -> Value {
+/// The answer a gateway reads: the messages (their bytes) and the counts it logs.
+#[derive(Serialize)]
+struct Answer<'a> {
+    messages: &'a [&'a RawValue],
+    tokens_before: u64,
+    tokens_after: u64,
+    tokens_saved: u64,
+    compression_ratio: f64,
+    transforms_applied: Vec<&'static str>,
+    compaction: &'static str,
+    reason: &'static str,
+}
+
+fn answer_json(
+    messages: &[&RawValue],
+    compacted: Option<&Compacted>,
+) -> serde_json::Result<Vec<u8>> {
     let outcome = compacted.map(|compacted| &compacted.outcome);
     let (before, after) = outcome
         .and_then(|outcome| outcome.token_counts())
@@ -162,19 +179,19 @@ fn answer_json(messages: Vec<Value>, compacted: Option<&Compacted>) -> Value {
     } else {
         after as f64 / before as f64
     };
-    let transforms: Vec<&str> = match outcome.map(|outcome| outcome.kind.label()) {
+    let transforms: Vec<&'static str> = match outcome.map(|outcome| outcome.kind.label()) {
         Some(kind @ ("summarized" | "reused" | "cleared" | "truncated")) => vec![kind],
         _ => Vec::new(),
     };
-    json!({
-        "messages": messages,
-        "tokens_before": before,
-        "tokens_after": after,
-        "tokens_saved": before.saturating_sub(after),
-        "compression_ratio": (ratio * 1000.0).round() / 1000.0,
-        "transforms_applied": transforms,
-        "compaction": outcome.map_or("skipped", |outcome| outcome.label()),
-        "reason": outcome.map_or("", |outcome| outcome.reason.label()),
+    serde_json::to_vec(&Answer {
+        messages,
+        tokens_before: before,
+        tokens_after: after,
+        tokens_saved: before.saturating_sub(after),
+        compression_ratio: (ratio * 1000.0).round() / 1000.0,
+        transforms_applied: transforms,
+        compaction: outcome.map_or("skipped", |outcome| outcome.label()),
+        reason: outcome.map_or("", |outcome| outcome.reason.label()),
     })
 }
 
@@ -199,7 +216,10 @@ mod tests {
 
     #[test]
     fn the_answer_carries_the_counts_a_gateway_logs() {
-        let answer = answer_json(vec![json!({"role": "user", "content": "hi"})], None);
+        let message =
+            serde_json::from_str::<Box<RawValue>>(r#"{"role":"user","content":"hi"}"#).unwrap();
+        let answer = answer_json(&[message.as_ref()], None).unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
         assert_eq!(answer["tokens_saved"], 0);
         assert_eq!(answer["compression_ratio"], 1.0);
         assert_eq!(answer["compaction"], "skipped");
