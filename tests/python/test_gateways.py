@@ -26,9 +26,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-class LiteLLM:
+class LiteLLM(Process):
     """The LiteLLM proxy on a loopback port, its model served by `upstream`, every request
-    through the `headroom` guardrail at `engine`."""
+    through the `headroom` guardrail at `engine`; stopped as the other processes are."""
 
     def __init__(self, upstream_url, engine_url):
         if not LITELLM.exists():
@@ -79,12 +79,6 @@ class LiteLLM:
         except OSError:
             return False
 
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture(scope="module")
