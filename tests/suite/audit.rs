@@ -48,15 +48,15 @@ async fn audit_forwards_every_request_as_it_came_and_says_what_enforce_would_hav
         "no summarizer call in audit"
     );
     let metrics = get(&stack.proxy.url("/metrics")).await.text();
-    let line = |name: &str| {
-        metrics
-            .lines()
-            .find(|line| line.starts_with(name))
-            .and_then(|line| line.rsplit(' ').next())
-            .and_then(|value| value.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    assert_eq!(line(r#"compactor_audit_total{outcome="summarized"}"#), 2.0);
+    let line = |name: &str| metric_value(&metrics, name, &[]).unwrap_or(0.0);
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "compactor_audit_total",
+            &[r#"outcome="summarized""#]
+        ),
+        Some(2.0)
+    );
     assert!(
         line("compactor_audit_tokens_saved_total") > 0.0,
         "{metrics}"

@@ -136,15 +136,14 @@ async fn gemini_calls_are_counted_as_model_calls_with_googles_usage() {
     );
     // The mock reports 10 prompt tokens on each call (`usageMetadata.promptTokenCount`: a
     // quarter of the turns' JSON).
-    let input_sum = metrics
-        .lines()
-        .find(|line| {
-            line.starts_with("gen_ai_client_token_usage_sum")
-                && line.contains(r#"gen_ai_provider_name="gemini""#)
-                && line.contains(r#"gen_ai_token_type="input""#)
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse::<f64>().ok());
+    let input_sum = metric_value(
+        &metrics,
+        "gen_ai_client_token_usage_sum",
+        &[
+            r#"gen_ai_provider_name="gemini""#,
+            r#"gen_ai_token_type="input""#,
+        ],
+    );
     assert_eq!(input_sum, Some(20.0), "{metrics}");
 }
 

@@ -184,15 +184,12 @@ async fn every_metric_moves_by_exactly_what_happened() {
         .iter()
         .map(|r| r.json()["usage"]["prompt_tokens"].as_f64().unwrap())
         .sum();
-    let text_sum = text
-        .lines()
-        .find(|line| {
-            line.starts_with("gen_ai_client_token_usage_sum")
-                && line.contains("gen_ai_token_type=\"input\"")
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap();
+    let text_sum = metric_value(
+        &text,
+        "gen_ai_client_token_usage_sum",
+        &["gen_ai_token_type=\"input\""],
+    )
+    .unwrap();
     assert_eq!(
         text_sum, reported,
         "the sum of the upstream's prompt_tokens"

@@ -269,6 +269,19 @@ pub async fn send_chat_with(
     .await
 }
 
+/// The value of the first sample in a `/metrics` text named `name` whose labels include each
+/// of `labels` (`key="value"`), when there is one.
+pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .find(|(series, _)| {
+            let (sample, sample_labels) = series.split_once('{').unwrap_or((series, ""));
+            sample == name && labels.iter().all(|label| sample_labels.contains(label))
+        })
+        .and_then(|(_, value)| value.parse().ok())
+}
+
 /// A response header's value, empty when absent.
 pub fn header(response: &Collected, name: &str) -> String {
     response
