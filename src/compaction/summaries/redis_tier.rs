@@ -25,7 +25,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, IntoConnectionInfo, Value};
 use sha2::{Digest, Sha256};
-use tokio::sync::Mutex as AsyncMutex;
+use tokio::sync::OnceCell;
 
 use crate::compaction::calibration::SharedCalibration;
 use crate::compaction::planner::plan::CachedSummary;
@@ -73,19 +73,6 @@ pub struct RedisTier {
     config: RedisConfig,
 }
 
-/// What the tier asks: one command, or the values of some keys (one `MGET` on one Redis, a
-/// `GET` a key on a cluster).
-enum Command {
-    One(redis::Cmd),
-    Get(Vec<String>),
-}
-
-impl From<redis::Cmd> for Command {
-    fn from(command: redis::Cmd) -> Command {
-        Command::One(command)
-    }
-}
-
 /// Where the tier's commands go: one Redis, or a cluster whose client routes each key to the
 /// node that holds its slot (a multi-key `MGET` is split per node and put back in order).
 enum Endpoint {
@@ -111,10 +98,7 @@ impl Connection {
 
 struct Tier {
     endpoint: Endpoint,
-    /// Opened on first use. A cluster connection that failed is opened anew: after a failover
-    /// its client keeps asking the lost master for that master's slots, and a new connection
-    /// reads the cluster's layout afresh from the nodes that are left.
-    connection: AsyncMutex<Option<Connection>>,
+    connection: OnceCell<Connection>,
     connect_timeout: Duration,
     command_timeout: Duration,
     prefix: String,
@@ -157,7 +141,7 @@ impl RedisTier {
             config: config.clone(),
             inner: Arc::new(Tier {
                 endpoint,
-                connection: AsyncMutex::new(None),
+                connection: OnceCell::new(),
                 connect_timeout: Duration::from_secs_f64(config.connect_timeout_secs),
                 command_timeout: Duration::from_secs_f64(config.command_timeout_secs),
                 prefix: config.key_prefix.clone(),
@@ -208,7 +192,9 @@ impl RedisTier {
             return Vec::new();
         }
         let names: Vec<String> = keys.iter().map(|k| self.inner.key("s", k)).collect();
-        let Some(Value::Array(values)) = self.inner.run(Command::Get(names.clone())).await else {
+        let mut command = redis::cmd("MGET");
+        command.arg(&names);
+        let Some(Value::Array(values)) = self.inner.run(command).await else {
             return Vec::new();
         };
         keys.iter()
@@ -222,8 +208,9 @@ impl RedisTier {
     /// The summary of one layout (`key`, `flight`), or the mark that its summary is too large.
     pub async fn stored(&self, key: &CacheKey, flight: &CacheKey) -> Stored {
         let name = self.inner.key("s", key);
-        let names = vec![name.clone(), self.inner.key("b", flight)];
-        match self.inner.run(Command::Get(names)).await {
+        let mut command = redis::cmd("MGET");
+        command.arg(&name).arg(self.inner.key("b", flight));
+        match self.inner.run(command).await {
             Some(Value::Array(values)) if values.len() == 2 => {
                 if !matches!(values[1], Value::Nil) {
                     return Stored::TooLarge;
@@ -331,41 +318,22 @@ impl Tier {
 
     /// Runs one command within the command timeout; None when Redis did not answer (counted
     /// towards the breaker) or the breaker is open (after its cooldown one command probes).
-    async fn run(&self, command: impl Into<Command>) -> Option<Value> {
-        let command = command.into();
+    async fn run(&self, command: redis::Cmd) -> Option<Value> {
         let Ok(admission) = self.breaker.admit(Instant::now()) else {
             return None;
         };
+        // One `MGET` on a cluster too: its client sends each node the keys of its slots.
         let attempt = async {
-            let mut connection = self.connection().await.map_err(|e| e.to_string())?;
-            let answer = match (&command, &connection) {
-                (Command::One(command), _) => connection.query(command).await,
-                (Command::Get(names), Connection::Single(_)) => {
-                    let mut mget = redis::cmd("MGET");
-                    mget.arg(names);
-                    connection.query(&mget).await
-                }
-                // One GET a key, at once: each goes to its own slot's master. (The cluster
-                // client's own split of a multi-slot MGET miscounts its answers after a
-                // failover.)
-                (Command::Get(names), Connection::Cluster(_)) => {
-                    let gets = names.iter().map(|name| {
-                        let mut connection = connection.clone();
-                        async move {
-                            let mut get = redis::cmd("GET");
-                            get.arg(name);
-                            connection.query(&get).await
-                        }
-                    });
-                    futures_util::future::try_join_all(gets)
-                        .await
-                        .map(Value::Array)
-                }
-            };
-            if answer.is_err() && matches!(connection, Connection::Cluster(_)) {
-                *self.connection.lock().await = None;
-            }
-            answer.map_err(|e| e.to_string())
+            let connection = self
+                .connection
+                .get_or_try_init(|| self.connect())
+                .await
+                .map_err(|e| e.to_string())?;
+            connection
+                .clone()
+                .query(&command)
+                .await
+                .map_err(|e| e.to_string())
         };
         let bound = self.connect_timeout + self.command_timeout;
         let result = match tokio::time::timeout(bound, attempt).await {
@@ -389,17 +357,6 @@ impl Tier {
                 None
             }
         }
-    }
-
-    /// The open connection, opened now when there is none.
-    async fn connection(&self) -> redis::RedisResult<Connection> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
-        }
-        let connection = self.connect().await?;
-        *slot = Some(connection.clone());
-        Ok(connection)
     }
 
     async fn connect(&self) -> redis::RedisResult<Connection> {
