@@ -91,10 +91,12 @@ def summarizer():
     process.stop()
 
 
-def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams="", top_level="", log_level="warn"):
+def start_compacting(
+    mock_upstream, summarizer, trigger, keep=2, summary_max_tokens=32, upstreams="", top_level="", log_level="warn", mode="enforce"
+):
     """compactor with compaction on (`trigger` as YAML), `keep` messages kept, summaries from
-    `summarizer`; `upstreams` adds upstream entries before the summarizer's, `top_level` more
-    top-level keys."""
+    `summarizer`, in `mode` (`enforce` or `audit`); `upstreams` adds upstream entries before the
+    summarizer's, `top_level` more top-level keys."""
     extra = upstreams + (
         "  - name: summarizer\n"
         f"    base_url: {summarizer.url}/v1\n"
@@ -109,8 +111,9 @@ def start_compacting(mock_upstream, summarizer, trigger, keep=2, summary_max_tok
           trigger: {trigger}
           keep: {{type: messages, value: {keep}}}
           summary_max_tokens: {summary_max_tokens}
+          mode: {mode}
         """
-    ).format(trigger=trigger, keep=keep, summary_max_tokens=summary_max_tokens)
+    ).format(trigger=trigger, keep=keep, summary_max_tokens=summary_max_tokens, mode=mode)
     return start_compactor(mock_upstream.url, summarization=summarization + top_level, extra=extra, log_level=log_level)
 
 

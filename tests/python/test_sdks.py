@@ -3,9 +3,12 @@
 import json
 
 import openai
+import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+
+from conftest import start_compacting
 
 MODEL = "gpt-4o-mini"
 MOCK_REPLY = "Hello from the mock upstream."
@@ -109,3 +112,29 @@ def test_langchain_tools(base_url):
     result = ToolMessage(get_weather.invoke(first.tool_calls[0]["args"]), tool_call_id=first.tool_calls[0]["id"])
     second = model.invoke([question, first, result])
     assert second.content == "The tool said: 18C in Paris"
+
+
+@pytest.fixture(scope="module")
+def auditing(mock_upstream, summarizer):
+    """compactor in audit mode: an 8-message trigger, 2 kept."""
+    process = start_compacting(mock_upstream, summarizer, "[{type: messages, value: 8}]", mode="audit")
+    yield process
+    process.stop()
+
+
+def test_audit_mode_answers_the_sdk_as_if_compactor_were_not_there(auditing):
+    """A conversation over the trigger, through the openai SDK with its defaults: the answer and
+    the stream are the upstream's, and only the headers say what enforce would have done."""
+    messages = [{"role": "system", "content": "Be brief."}]
+    for turn in range(6):
+        messages.append({"role": "user", "content": f"question {turn}: " + "words " * 40})
+        messages.append({"role": "assistant", "content": f"answer {turn}: " + "reply " * 40})
+    messages.append({"role": "user", "content": "And now?"})
+    sdk = client(auditing.url + "/v1")
+    raw = sdk.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+    assert raw.parse().choices[0].message.content == MOCK_REPLY
+    assert raw.headers["x-compactor-compaction"] == "skipped"
+    assert raw.headers["x-compactor-audit"] == "summarized"
+    assert int(raw.headers["x-compactor-audit-tokens-after"]) < int(raw.headers["x-compactor-tokens-before"])
+    stream = sdk.chat.completions.create(model=MODEL, messages=messages, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == MOCK_REPLY
