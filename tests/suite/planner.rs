@@ -1133,6 +1133,63 @@ fn the_cut_leaves_room_for_the_turns_of_growth_it_has_seen() {
     assert!(!roomy.headroom_unmet);
 }
 
+/// `keep` asks for everything: headroom and the room for growth alone place the cut.
+fn keep_all(settings: PlanSettings) -> PlanSettings {
+    PlanSettings {
+        keep: ContextSize::Messages(1_000),
+        ..settings
+    }
+}
+
+/// A conversation sent one request per user turn, each answered by `steps` calls of about
+/// `tokens` tokens run behind the API and a closing text: every request adds a user turn and
+/// all of that.
+fn per_user_turn_run(turns: usize, steps: usize, tokens: usize) -> Vec<Value> {
+    let mut messages = vec![system("sys")];
+    for turn in 0..turns {
+        messages.push(padded(user, 50));
+        for step in 0..steps {
+            let id = format!("search-{turn}-{step}");
+            messages.push(call_named(
+                &id,
+                "web_search",
+                json!({"q": format!("{turn} {step}")}),
+            ));
+            messages.push(result(&id, &"w".repeat(tokens * 4)));
+        }
+        messages.push(padded(assistant, 50));
+    }
+    messages.push(padded(user, 50));
+    messages
+}
+
+#[test]
+fn a_client_sending_one_request_per_user_turn_gets_room_for_its_requests_growth() {
+    // About 900 tokens a request in four responses of 200: per response, ten turns of growth
+    // ask for 2 000 tokens of room and the compacted request gets 2 more requests before the
+    // trigger; per request, the room is as large as it may be (half of headroom).
+    let text = body(&per_user_turn_run(14, 4, 200));
+    let planned = run(&text, &keep_all(growth_settings(10)));
+    let (layout, _) = summarize_layout(&planned);
+    assert!(
+        steps_until_the_trigger(layout, 900, 10_000) >= 6,
+        "{layout:?}"
+    );
+    assert!(!layout.headroom_unmet, "{layout:?}");
+}
+
+#[test]
+fn an_agent_loop_that_sends_its_tool_results_grows_by_one_response_a_request() {
+    // The same steps sent one request per response (the request ends on a tool result): the
+    // growth is one step's, so the cut keeps as much as ten such steps allow.
+    let mut messages = per_user_turn_run(14, 4, 200);
+    messages.truncate(messages.len() - 2);
+    let text = body(&messages);
+    let planned = run(&text, &keep_all(growth_settings(10)));
+    let (layout, _) = summarize_layout(&planned);
+    assert!(layout.projected_tokens > 5_000, "{layout:?}");
+}
+
 #[test]
 fn growth_too_fast_for_the_room_still_keeps_recent_steps() {
     // 1 500 tokens a step: ten turns would take more than the whole trigger. The cut takes

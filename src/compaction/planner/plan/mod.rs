@@ -185,29 +185,52 @@ struct Analysis {
     growth: Growth,
 }
 
-/// What one request adds to a conversation, on average over its latest steps.
+/// What one request adds to a conversation, on average over its latest requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Growth {
     tokens: u64,
     messages: u64,
 }
 
-/// Steps averaged for a conversation's growth: recent enough to follow a change of pace
+/// Requests averaged for a conversation's growth: recent enough to follow a change of pace
 /// (an agent moving from chat to reading files), enough to smooth one large tool output.
 const GROWTH_STEPS: usize = 8;
 
 impl Growth {
-    /// Each response is one request: a run of assistant messages (a Responses turn's reasoning,
-    /// calls and answer are several) after what the client sent. The span from one response to
-    /// the next is what one request added. Unknown (zero) before two responses.
+    /// A client sends a request when it has something to add after an answer: the results
+    /// of the calls it ran (an agent loop, a request per response) or the user's next turn.
+    /// Which one shows in the request itself, since what follows its last answer is what it
+    /// added: when that is the user's own turn the client sends a request per user turn, and
+    /// each of its requests spans a user turn and everything answered to it (as many
+    /// responses as the tools run behind the API took; averaging per response would see a
+    /// fraction of what a request adds). Else a request spans one response to the next (a
+    /// Responses turn's reasoning, calls and answer are one response). Unknown (zero) before
+    /// two responses.
     fn of(messages: &[Message<'_>], suffix: &[u64], head: usize) -> Growth {
-        let is_answer = |role: Role| matches!(role, Role::Assistant | Role::Other);
-        let responses: Vec<usize> = (head..messages.len())
-            .filter(|&i| {
-                is_answer(messages[i].role) && (i == head || !is_answer(messages[i - 1].role))
-            })
-            .collect();
-        let recent = &responses[responses.len().saturating_sub(GROWTH_STEPS + 1)..];
+        let is_answer = |i: usize| matches!(messages[i].role, Role::Assistant | Role::Other);
+        let is_user_turn = |i: usize| {
+            let m = &messages[i];
+            m.role == Role::User
+                && m.tool_outputs.is_empty()
+                && m.more_answers.is_empty()
+                && m.tool_call_id.is_none()
+        };
+        let responses =
+            (head..messages.len()).filter(|&i| is_answer(i) && (i == head || !is_answer(i - 1)));
+        if responses.clone().nth(1).is_none() {
+            return Growth::default();
+        }
+        let last_answer = (head..messages.len()).rev().find(|&i| is_answer(i));
+        let per_user_turn =
+            last_answer.is_some_and(|at| (at + 1..messages.len()).any(is_user_turn));
+        let starts: Vec<usize> = if per_user_turn {
+            (head..messages.len())
+                .filter(|&i| is_user_turn(i) && (i == head || !is_user_turn(i - 1)))
+                .collect()
+        } else {
+            responses.collect()
+        };
+        let recent = &starts[starts.len().saturating_sub(GROWTH_STEPS + 1)..];
         let (Some(&first), Some(&last)) = (recent.first(), recent.last()) else {
             return Growth::default();
         };
