@@ -35,10 +35,15 @@ fn agent_run(files: usize) -> Vec<Value> {
 }
 
 fn read_group(i: usize) -> [Value; 3] {
+    read_group_of(i, 60)
+}
+
+/// A read of `lines` lines of about 8 tokens.
+fn read_group_of(i: usize, lines: usize) -> [Value; 3] {
     let id = format!("call_{i}");
     [
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
-        json!({"role": "tool", "tool_call_id": id, "content": format!("file {i} line: fn step() {{ run(); }}\n").repeat(60)}),
+        json!({"role": "tool", "tool_call_id": id, "content": format!("file {i} line: fn step() {{ run(); }}\n").repeat(lines)}),
         json!({"role": "assistant", "content": format!("Read file {i}.")}),
     ]
 }
@@ -168,10 +173,19 @@ struct Session {
 }
 
 async fn session(precompute_at: Option<f64>) -> Session {
+    session_of(precompute_at, 20_000, |_| 60).await
+}
+
+/// A session at `trigger` whose i-th read has `lines(i)` lines.
+async fn session_of(
+    precompute_at: Option<f64>,
+    trigger: u64,
+    lines: fn(usize) -> usize,
+) -> Session {
     let precompute = precompute_at
         .map(|at| format!("  precompute_at: {at}\n"))
         .unwrap_or_default();
-    let yaml = format!("upstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\nsummarization:\n  enabled: true\n  trigger: [{{type: tokens, value: 20000}}]\n  keep: {{type: messages, value: 20}}\n  max_calls_per_minute_per_tenant: 100000\n{precompute}");
+    let yaml = format!("upstreams:\n  - name: mock\n    base_url: http://127.0.0.1:9/v1\nsummarization:\n  enabled: true\n  trigger: [{{type: tokens, value: {trigger}}}]\n  keep: {{type: messages, value: 20}}\n  max_calls_per_minute_per_tenant: 100000\n{precompute}");
     let config = Config::from_yaml(&yaml).expect("valid");
     let summarizer = Arc::new(Counting::default());
     let engine = CompactionEngine::with_summarizer(&config, summarizer.clone());
@@ -187,7 +201,7 @@ async fn session(precompute_at: Option<f64>) -> Session {
             messages
                 .push(json!({"role": "user", "content": format!("{i}: continue with the task")}));
         }
-        messages.extend(read_group(i));
+        messages.extend(read_group_of(i, lines(i)));
         let body = json!({"model": "local-model", "messages": messages}).to_string();
         let result = engine
             .compact(
@@ -247,6 +261,32 @@ async fn summaries_made_ahead_mean_no_request_waits_and_no_extra_calls() {
     // The first request to use a summary made ahead carries the notice; reuses after it don't.
     assert_eq!(with.announced[0], ("precomputed".to_string(), true));
     assert_eq!(with.announced[1], ("sticky".to_string(), false));
+}
+
+#[tokio::test]
+async fn summaries_made_ahead_cost_at_most_one_call_more_when_a_request_is_a_large_share_of_the_trigger(
+) {
+    // Reads of 40 to 400 lines (about 300 to 3 000 tokens) against a 12 000-token trigger: the
+    // request that crosses the trigger is well past it. A summary made ahead for the trigger
+    // alone was taken up larger than one made on demand and reused for fewer turns (22
+    // calls ahead against 20 on demand; 21 once it is planned for one request past it).
+    let uneven = |i: usize| 40 + (i * 7919 + 13) % 361;
+    let without = session_of(None, 12_000, uneven).await;
+    let with = session_of(Some(0.8), 12_000, uneven).await;
+    assert!(without.calls >= 5, "{} calls on demand", without.calls);
+    // A read that jumps from under `precompute_at` past the trigger still waits.
+    assert!(
+        with.waited < without.waited,
+        "{} waited ahead vs {}",
+        with.waited,
+        without.waited
+    );
+    assert!(
+        with.calls <= without.calls + 1,
+        "{} calls ahead vs {} on demand",
+        with.calls,
+        without.calls
+    );
 }
 
 #[tokio::test]

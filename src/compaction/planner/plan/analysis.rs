@@ -127,14 +127,17 @@ impl Analysis {
                 .map(|v| v.saturating_sub(now))
                 .min()
         };
+        // As far as the request that crosses the trigger: one request's growth past it.
         let growth_tokens = growth(
             |t| matches!(t, Threshold::Tokens(_)).then_some(t.value()),
             tokens,
-        );
+        )
+        .map(|g| g + self.growth.tokens);
         let growth_messages = growth(
             |t| matches!(t, Threshold::Messages(_)).then_some(t.value()),
             messages,
-        );
+        )
+        .map(|g| g + self.growth.messages);
         let recent = self.n().saturating_sub(self.head).clamp(1, 20);
         let per_message = (self.suffix[self.n() - recent] / recent as u64).max(1);
         let coming = [growth_messages, growth_tokens.map(|g| g / per_message)]
@@ -207,15 +210,20 @@ impl Analysis {
                 Threshold::Tokens(_) => (tokens, self.growth.tokens),
                 Threshold::Messages(_) => (messages, self.growth.messages),
             };
+            // A summary made ahead is taken up by the request that crosses the trigger, which
+            // is past it by up to one request's growth: planned for the trigger alone, it
+            // would be taken up larger than one made then, and reused for fewer turns.
             let coming = match goal {
                 Goal::Now => 0,
                 Goal::AheadOf {
                     tokens: now_tokens,
                     messages: now_messages,
-                } => t.value().saturating_sub(match t {
-                    Threshold::Tokens(_) => now_tokens,
-                    Threshold::Messages(_) => now_messages,
-                }),
+                } => {
+                    t.value().saturating_sub(match t {
+                        Threshold::Tokens(_) => now_tokens,
+                        Threshold::Messages(_) => now_messages,
+                    }) + per_turn
+                }
             };
             let mut limit = target.factor * t.value() as f64;
             if target.turns > 0 {
