@@ -66,6 +66,8 @@ summarization:
 
 /// Requests per session: each sends the conversation so far and appends the model's answer.
 const REQUESTS: usize = 200;
+/// Requests of a session sent one per user turn: each holds several responses.
+const USER_TURNS: usize = 100;
 
 /// A deterministic spread of sizes (a 64-bit LCG), so tool outputs and answers vary the way
 /// real ones do without the bench depending on a random seed.
@@ -109,6 +111,46 @@ fn answer(kind: &str, i: usize, messages: &mut Vec<Value>) {
         let text = "Here is the explanation in detail. ".repeat(spread(i, 4, 20, 70));
         messages.push(json!({"role": "assistant", "content": format!("{i}: {text}")}));
     }
+}
+
+/// How a client sends a conversation: a request per model response (an agent loop that runs
+/// its tools itself), or a request per user turn whose answer holds several responses (tools
+/// run behind the API: hosted tools, a server-side agent, a gateway that runs the loop).
+#[derive(Clone, Copy, PartialEq)]
+enum Cadence {
+    PerResponse,
+    PerUserTurn,
+}
+
+/// A user turn's request (the user's message) and, after it, its answer: one to three steps
+/// of call and output (for chat a web search whose results are 300-900 tokens; for agents the
+/// same step sizes as one step per request), then the answer's text.
+fn user_turn(kind: &str, i: usize, messages: &mut Vec<Value>, answered: bool) {
+    if !answered {
+        let text = format!(
+            "{i}: {}",
+            "Please go on with the next part. ".repeat(spread(i, 1, 10, 30))
+        );
+        messages.push(json!({"role": "user", "content": text}));
+        return;
+    }
+    for s in 0..spread(i, 5, 1, 3) {
+        let at = i * 8 + s + 1;
+        if kind == "chat" {
+            let id = format!("search_{at}");
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "web_search", "arguments": format!("{{\"q\":\"part {at}\"}}")}}]}));
+            let results = format!(
+                "{at}: {}",
+                "A result about the next part. ".repeat(spread(at, 6, 45, 135))
+            );
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": results}));
+            continue;
+        }
+        let mut step_messages = Vec::new();
+        step(kind, at, &mut step_messages);
+        messages.extend(step_messages.into_iter().filter(|m| m["role"] != "user"));
+    }
+    answer("chat", i, messages);
 }
 
 /// The stage settings compared on the agent session.
@@ -160,6 +202,17 @@ impl Costs {
 }
 
 async fn session_with(scale: &str, trigger: u64, kind: &str, extra: &str) -> Costs {
+    session_at(scale, trigger, kind, extra, Cadence::PerResponse, REQUESTS).await
+}
+
+async fn session_at(
+    scale: &str,
+    trigger: u64,
+    kind: &str,
+    extra: &str,
+    cadence: Cadence,
+    requests: usize,
+) -> Costs {
     let config = Config::from_yaml(&format!("{scale}{extra}")).expect("valid");
     let summarizer = Arc::new(Counting::default());
     let engine = CompactionEngine::with_summarizer(&config, summarizer.clone());
@@ -167,8 +220,11 @@ async fn session_with(scale: &str, trigger: u64, kind: &str, extra: &str) -> Cos
     let (mut over, mut reused, mut summarized, mut cleared, mut forwarded) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut conversation_tokens = 0;
-    for i in 0..REQUESTS {
-        step(kind, i, &mut messages);
+    for i in 0..requests {
+        match cadence {
+            Cadence::PerResponse => step(kind, i, &mut messages),
+            Cadence::PerUserTurn => user_turn(kind, i, &mut messages, false),
+        }
         let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
         let compacted = engine
             .compact(
@@ -179,7 +235,10 @@ async fn session_with(scale: &str, trigger: u64, kind: &str, extra: &str) -> Cos
                 &Api::ChatCompletions.body_request(),
             )
             .await;
-        answer(kind, i, &mut messages);
+        match cadence {
+            Cadence::PerResponse => answer(kind, i, &mut messages),
+            Cadence::PerUserTurn => user_turn(kind, i, &mut messages, true),
+        }
         let Ok(compacted) = compacted else {
             continue;
         };
@@ -216,7 +275,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("| scale | session ({REQUESTS} requests) | final tokens | over-trigger turns | summarized (default) | summarizer input ÷ conversation | mean forwarded tokens, headroom only → default | reuse, headroom only | reuse, default | reuse bound (latest step only) |");
+    println!("| scale | session | final tokens | over-trigger turns | summarized (default) | summarizer input ÷ conversation | mean forwarded tokens, headroom only → default | reuse, headroom only | reuse, default | reuse bound (latest step only) |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let scales = [
         (
@@ -226,22 +285,45 @@ fn main() {
         ),
         ("tight (window 32k, fraction 0.5)", TIGHT_SCALE, 16_000),
     ];
-    for (scale_label, scale, trigger) in scales {
-        for kind in ["chat", "agent", "cjk-agent"] {
-            let [before, default, bound] = REUSE_VARIANTS
-                .map(|(_, extra)| runtime.block_on(session_with(scale, trigger, kind, extra)));
-            println!(
-                "| {scale_label} | {kind} | {} | {} | {} | {:.2} | {} → {} | {:.0} % | {:.0} % | {:.0} % |",
-                default.conversation_tokens,
-                default.over,
-                default.summarized,
-                default.input_tokens as f64 / default.conversation_tokens.max(1) as f64,
-                before.forwarded / before.over.max(1),
-                default.forwarded / default.over.max(1),
-                100.0 * before.reuse(),
-                100.0 * default.reuse(),
-                100.0 * bound.reuse(),
-            );
+    let cadences = [
+        (Cadence::PerResponse, REQUESTS, "per response"),
+        (Cadence::PerUserTurn, USER_TURNS, "per user turn"),
+    ];
+    for (cadence, requests, cadence_label) in cadences {
+        for (scale_label, scale, trigger) in scales {
+            for kind in ["chat", "agent", "cjk-agent"] {
+                let [before, default, bound] = REUSE_VARIANTS.map(|(_, extra)| {
+                    runtime.block_on(session_at(scale, trigger, kind, extra, cadence, requests))
+                });
+                println!(
+                    "| {scale_label} | {kind}, {requests} requests, one {cadence_label} | {} | {} | {} | {:.2} | {} → {} | {:.0} % | {:.0} % | {:.0} % |",
+                    default.conversation_tokens,
+                    default.over,
+                    default.summarized,
+                    default.input_tokens as f64 / default.conversation_tokens.max(1) as f64,
+                    before.forwarded / before.over.max(1),
+                    default.forwarded / default.over.max(1),
+                    100.0 * before.reuse(),
+                    100.0 * default.reuse(),
+                    100.0 * bound.reuse(),
+                );
+            }
+        }
+    }
+    println!();
+    println!("| session | summarizer calls, on demand | summarizer calls, precompute_at 0.8 | waited on the summarizer, on demand → precompute_at 0.8 |");
+    println!("|---|---:|---:|---:|");
+    for (cadence, requests, cadence_label) in cadences {
+        for (scale_label, scale, trigger) in scales {
+            for kind in ["chat", "agent", "cjk-agent"] {
+                let [on_demand, ahead] = ["", "  precompute_at: 0.8\n"].map(|extra| {
+                    runtime.block_on(session_at(scale, trigger, kind, extra, cadence, requests))
+                });
+                println!(
+                    "| {scale_label}, {kind}, one request {cadence_label} | {} | {} | {} → {} |",
+                    on_demand.calls, ahead.calls, on_demand.summarized, ahead.summarized,
+                );
+            }
         }
     }
     println!();
