@@ -1141,19 +1141,19 @@ fn keep_all(settings: PlanSettings) -> PlanSettings {
     }
 }
 
-/// A conversation sent one request per user turn, each answered by `steps` calls of about
-/// `tokens` tokens run behind the API and a closing text: every request adds a user turn and
-/// all of that.
-fn per_user_turn_run(turns: usize, steps: usize, tokens: usize) -> Vec<Value> {
+/// An agent's tasks: `turns` user turns, each answered by `steps` calls of about `tokens`
+/// tokens (the client runs them and sends each result) and a closing text, then the user's
+/// next turn.
+fn tasks_run(turns: usize, steps: usize, tokens: usize) -> Vec<Value> {
     let mut messages = vec![system("sys")];
     for turn in 0..turns {
         messages.push(padded(user, 50));
         for step in 0..steps {
-            let id = format!("search-{turn}-{step}");
+            let id = format!("read-{turn}-{step}");
             messages.push(call_named(
                 &id,
-                "web_search",
-                json!({"q": format!("{turn} {step}")}),
+                "read_file",
+                json!({"path": format!("src/{turn}_{step}.rs")}),
             ));
             messages.push(result(&id, &"w".repeat(tokens * 4)));
         }
@@ -1164,30 +1164,20 @@ fn per_user_turn_run(turns: usize, steps: usize, tokens: usize) -> Vec<Value> {
 }
 
 #[test]
-fn a_client_sending_one_request_per_user_turn_gets_room_for_its_requests_growth() {
-    // About 900 tokens a request in four responses of 200: per response, ten turns of growth
-    // ask for 2 000 tokens of room and the compacted request gets 2 more requests before the
-    // trigger; per request, the room is as large as it may be (half of headroom).
-    let text = body(&per_user_turn_run(14, 4, 200));
-    let planned = run(&text, &keep_all(growth_settings(10)));
-    let (layout, _) = summarize_layout(&planned);
-    assert!(
-        steps_until_the_trigger(layout, 900, 10_000) >= 6,
-        "{layout:?}"
-    );
-    assert!(!layout.headroom_unmet, "{layout:?}");
-}
-
-#[test]
-fn an_agent_loop_that_sends_its_tool_results_grows_by_one_response_a_request() {
-    // The same steps sent one request per response (the request ends on a tool result): the
-    // growth is one step's, so the cut keeps as much as ten such steps allow.
-    let mut messages = per_user_turn_run(14, 4, 200);
-    messages.truncate(messages.len() - 2);
-    let text = body(&messages);
-    let planned = run(&text, &keep_all(growth_settings(10)));
-    let (layout, _) = summarize_layout(&planned);
-    assert!(layout.projected_tokens > 5_000, "{layout:?}");
+fn an_agent_loop_grows_by_one_response_a_request_whatever_its_request_ends_on() {
+    // Steps of about 200 tokens: the growth is one step's, so the cut keeps as much as ten
+    // such steps allow, on a request that ends on a tool result and on the one the user's
+    // next turn starts. Taking the user turn with its five responses for one request's growth
+    // (900 tokens) would cut to half of headroom and summarize the task just done.
+    let messages = tasks_run(14, 4, 200);
+    let mut mid_task = messages.clone();
+    mid_task.truncate(messages.len() - 2);
+    for request in [mid_task, messages] {
+        let text = body(&request);
+        let planned = run(&text, &keep_all(growth_settings(10)));
+        let (layout, _) = summarize_layout(&planned);
+        assert!(layout.projected_tokens > 5_000, "{layout:?}");
+    }
 }
 
 #[test]

@@ -185,52 +185,35 @@ struct Analysis {
     growth: Growth,
 }
 
-/// What one request adds to a conversation, on average over its latest requests.
+/// What one request adds to a conversation, on average over its latest steps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Growth {
     tokens: u64,
     messages: u64,
 }
 
-/// Requests averaged for a conversation's growth: recent enough to follow a change of pace
+/// Steps averaged for a conversation's growth: recent enough to follow a change of pace
 /// (an agent moving from chat to reading files), enough to smooth one large tool output.
 const GROWTH_STEPS: usize = 8;
 
 impl Growth {
-    /// A client sends a request when it has something to add after an answer: the results
-    /// of the calls it ran (an agent loop, a request per response) or the user's next turn.
-    /// Which one shows in the request itself, since what follows its last answer is what it
-    /// added: when that is the user's own turn the client sends a request per user turn, and
-    /// each of its requests spans a user turn and everything answered to it (as many
-    /// responses as the tools run behind the API took; averaging per response would see a
-    /// fraction of what a request adds). Else a request spans one response to the next (a
-    /// Responses turn's reasoning, calls and answer are one response). Unknown (zero) before
-    /// two responses.
+    /// Each response is one request: a run of assistant messages (a Responses turn's reasoning,
+    /// calls and answer are several) after what the client sent. The span from one response to
+    /// the next is what one request added, whether the client added its tools' results or the
+    /// user's next turn: a client that holds a tool's result ran that tool and sent the result
+    /// to get the next response, and tools run behind the API (a hosted web search, a server
+    /// tool) come back inside the one response. Counting a user turn with every response to it
+    /// as one request would take an agent's whole task for one request's growth the moment
+    /// its user types, and cut the next compaction far deeper than the loop's real pace asks.
+    /// Unknown (zero) before two responses.
     fn of(messages: &[Message<'_>], suffix: &[u64], head: usize) -> Growth {
-        let is_answer = |i: usize| matches!(messages[i].role, Role::Assistant | Role::Other);
-        let is_user_turn = |i: usize| {
-            let m = &messages[i];
-            m.role == Role::User
-                && m.tool_outputs.is_empty()
-                && m.more_answers.is_empty()
-                && m.tool_call_id.is_none()
-        };
-        let responses =
-            (head..messages.len()).filter(|&i| is_answer(i) && (i == head || !is_answer(i - 1)));
-        if responses.clone().nth(1).is_none() {
-            return Growth::default();
-        }
-        let last_answer = (head..messages.len()).rev().find(|&i| is_answer(i));
-        let per_user_turn =
-            last_answer.is_some_and(|at| (at + 1..messages.len()).any(is_user_turn));
-        let starts: Vec<usize> = if per_user_turn {
-            (head..messages.len())
-                .filter(|&i| is_user_turn(i) && (i == head || !is_user_turn(i - 1)))
-                .collect()
-        } else {
-            responses.collect()
-        };
-        let recent = &starts[starts.len().saturating_sub(GROWTH_STEPS + 1)..];
+        let is_answer = |role: Role| matches!(role, Role::Assistant | Role::Other);
+        let responses: Vec<usize> = (head..messages.len())
+            .filter(|&i| {
+                is_answer(messages[i].role) && (i == head || !is_answer(messages[i - 1].role))
+            })
+            .collect();
+        let recent = &responses[responses.len().saturating_sub(GROWTH_STEPS + 1)..];
         let (Some(&first), Some(&last)) = (recent.first(), recent.last()) else {
             return Growth::default();
         };
@@ -429,16 +412,25 @@ impl Ready<'_, '_> {
         let cached = self.cached(cache);
         let choice = match &cached {
             Some(summary) => analysis.plan_with_cache(settings, summary.clone(), mode),
-            None => {
-                let goal = match mode {
-                    Mode::Ahead { .. } => Goal::AheadOf {
+            None => match mode {
+                Mode::Ahead { factor }
+                    if analysis.ahead_factor(settings, factor).is_none_or(|at| {
+                        !analysis.over(self.tokens_cleared, self.count, at, Goal::Now)
+                    }) =>
+                {
+                    Choice::PassThrough {
+                        reason: Reason::UnderTrigger,
+                    }
+                }
+                Mode::Ahead { .. } => analysis.plan_fresh(
+                    settings,
+                    Goal::AheadOf {
                         tokens: self.tokens_cleared,
                         messages: self.count,
                     },
-                    _ => Goal::Now,
-                };
-                analysis.plan_fresh(settings, goal)
-            }
+                ),
+                _ => analysis.plan_fresh(settings, Goal::Now),
+            },
         };
         // A layout whose verbatim messages do not form a valid list (the request itself has an
         // unanswered call or an orphan result) is never worth a summarizer call.
