@@ -225,16 +225,40 @@ impl Analysis {
                     }) + per_turn
                 }
             };
-            let mut limit = target.factor * t.value() as f64;
-            if target.turns > 0 {
-                // Room for growth never takes more than half of what headroom leaves: past
-                // that, a faster conversation would be cut to its latest message and lose the
-                // recent turns the model needs more than it needs a longer reuse.
-                let room = target.turns.saturating_mul(per_turn) as f64;
-                limit = limit.min((t.value() as f64 - room).max(limit / 2.0));
-            }
-            (measure + coming) as f64 >= limit
+            (measure + coming) as f64 >= target_limit(t.value(), target, per_turn)
         })
+    }
+
+    /// Ahead of need, the share of the token trigger from which a summary is made: `factor`,
+    /// or later where the lead from there would not fit the room a cut leaves; none where not
+    /// even one request's lead fits. A summary made ahead cuts no later than its own request's
+    /// last group, and what the conversation adds until the request that takes it up (one
+    /// request's growth past the trigger) comes on top: past the room an on-demand cut leaves,
+    /// it would be taken up larger than a summary made then and reused for fewer turns, one
+    /// summary more every few. A conversation whose every request is that large a share of the
+    /// trigger waits for its summaries as without `precompute_at`, rather than paying for one
+    /// every other turn.
+    pub(super) fn ahead_factor(&self, settings: &PlanSettings, factor: f64) -> Option<f64> {
+        let trigger = self
+            .thresholds
+            .iter()
+            .filter_map(|t| matches!(t, Threshold::Tokens(_)).then_some(t.value()))
+            .min();
+        let (Some(trigger), Some(headroom)) = (trigger, settings.headroom) else {
+            return Some(factor);
+        };
+        let growth = self.growth.tokens;
+        if growth == 0 || trigger == 0 {
+            return Some(factor);
+        }
+        let target = Target {
+            factor: headroom,
+            turns: settings.headroom_turns,
+        };
+        let room = target_limit(trigger, target, growth)
+            - settings.summary_estimate_tokens as f64
+            - 2.0 * growth as f64;
+        (room >= growth as f64).then(|| factor.max(1.0 - room / trigger as f64))
     }
 
     /// Whether the compacted size satisfies `target` (strictly under it); always, with
@@ -359,4 +383,17 @@ impl Analysis {
         kept.dedup();
         kept
     }
+}
+
+/// What a threshold of `value` allows for `target`: `factor ×` it, and with `turns` of
+/// `per_turn` growth, the threshold less that room. Room for growth never takes more than half
+/// of what headroom leaves: past that, a faster conversation would be cut to its latest message
+/// and lose the recent turns the model needs more than it needs a longer reuse.
+fn target_limit(value: u64, target: Target, per_turn: u64) -> f64 {
+    let limit = target.factor * value as f64;
+    if target.turns == 0 {
+        return limit;
+    }
+    let room = target.turns.saturating_mul(per_turn) as f64;
+    limit.min((value as f64 - room).max(limit / 2.0))
 }

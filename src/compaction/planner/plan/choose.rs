@@ -258,7 +258,8 @@ impl Analysis {
         // of need, while it stays under the share of them that starts a new summary.
         let sticky = match mode {
             Mode::Normal => Some(1.0),
-            Mode::Ahead { factor } => Some(factor),
+            // With no summary to be made ahead, the one on hand is kept for now.
+            Mode::Ahead { factor } => Some(self.ahead_factor(settings, factor).unwrap_or(1.0)),
             Mode::Force => None,
         };
         if sticky.is_some_and(|factor| !self.over(tokens, messages, factor, Goal::Now)) {
