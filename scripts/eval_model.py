@@ -412,7 +412,7 @@ def main() -> None:
     parser.add_argument("--keep-messages", type=int, default=4)
     parser.add_argument("--summary-tokens", type=int, default=192)
     parser.add_argument("--steps-per-task", type=int, default=3)
-    parser.add_argument("--per-language", type=int, default=3)
+    parser.add_argument("--per-language", type=int, default=2)
     parser.add_argument("--strategies", default="")
     parser.add_argument("--languages", default=",".join(LANGUAGES))
     parser.add_argument("--json", help="where to write the tallies and every answer")
@@ -421,8 +421,9 @@ def main() -> None:
     recorder = Recorder(args.model_url)
     args.summarizer_base = f"{recorder.base}/sum/v1"
     workdir = tempfile.mkdtemp()
+    # Seed first: a run stopped early has measured every language alike.
     conversations = [conversation(language, seed, args.steps_per_task)
-                     for language in args.languages.split(",") for seed in range(args.per_language)]
+                     for seed in range(args.per_language) for language in args.languages.split(",")]
     names = ["full history", "naive truncation", "LangChain SummarizationMiddleware", *COMPACTOR_VARIANTS]
     if args.strategies:
         names = [n for n in names if n in args.strategies.split(",")]
