@@ -114,8 +114,12 @@ fn answer(kind: &str, i: usize, messages: &mut Vec<Value>) {
 }
 
 /// How a client sends a conversation: a request per model response (an agent loop that runs
-/// its tools itself), or a request per user turn whose answer holds several responses (tools
-/// run behind the API: hosted tools, a server-side agent, a gateway that runs the loop).
+/// its tools itself), or a request per user turn whose answer holds several responses whose
+/// requests compactor never saw (a loop run behind it). The second is the case compactor's
+/// growth estimate, one response a request, undercounts: here the steps run behind it are in the
+/// history as the client's own tool messages, which no client through compactor holds unless it
+/// sent them (a hosted tool's call and result come back inside one response), so this measures
+/// the cost of that estimate where it is wrong, not a client seen in the field.
 #[derive(Clone, Copy, PartialEq)]
 enum Cadence {
     PerResponse,
