@@ -179,8 +179,8 @@ fn bounded(text: &str) -> String {
     }
 }
 
-/// A URL, a path, an id or code (letters and digits together), a constant's name, or a number
-/// of four digits or more.
+/// A URL, a path, an id or code (letters and digits together, or capitals joined by a
+/// hyphen), a constant's name, or a number of four digits or more.
 fn is_identifier(word: &str) -> bool {
     if word.len() < 3 || word.len() > MAX_ENTRY_CHARS {
         return false;
@@ -208,6 +208,18 @@ fn is_identifier(word: &str) -> bool {
     let letters = word.chars().filter(|c| c.is_ascii_alphabetic()).count();
     let digits = word.chars().filter(|c| c.is_ascii_digit()).count();
     if letters > 0 && digits > 0 && word.len() >= 4 {
+        return true;
+    }
+    // A ticket's or decision's id need not hold a digit (`D-LRPHR`, `OPS-QUEUE`): capitals
+    // joined by a hyphen are one, where a capitalised word alone is not.
+    let hyphenated_id = word.len() >= 4
+        && word.contains('-')
+        && !word.starts_with('-')
+        && !word.ends_with('-')
+        && word
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '-');
+    if hyphenated_id {
         return true;
     }
     let constant = word.len() >= 5
@@ -280,6 +292,7 @@ mod tests {
             message("$ cargo test -p ledger\nerror[E0502]: cannot borrow `ledger` as mutable\nDecision DEC-2041: keep the old schema."),
             json!({"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{\"path\":\"docs/plan.md\"}"}}]}).to_string(),
             message("Next: run step NS-77 with ERR_CONN_RESET handling, port 8080, commit 3f9c2e1."),
+            message("Decision D-LRPHR replaces the polling. NOTE: Retry-After stays."),
         ];
         let found = extract(messages.iter().map(String::as_str), 64);
         for expected in [
@@ -294,6 +307,7 @@ mod tests {
             "8080",
             "3f9c2e1",
             "docs/plan.md",
+            "D-LRPHR",
         ] {
             assert!(
                 found.iter().any(|f| f == expected),
@@ -303,7 +317,7 @@ mod tests {
         // The API's own ids and plain words are not identifiers.
         assert!(!found
             .iter()
-            .any(|f| f == "call_9z9" || f == "Opened" || f == "tool"));
+            .any(|f| ["call_9z9", "Opened", "tool", "NOTE", "Retry-After"].contains(&f.as_str())));
     }
 
     #[test]
