@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::body::{BoxError, ProxyBody};
@@ -43,6 +44,8 @@ pub struct RequestLog {
     pub span: Option<tracing::Span>,
     /// The forwarded body, to calibrate its model's count once the usage is read.
     pub calibration: Option<CalibrationSample>,
+    /// The lookups compactor answered for it (`summarization.retrieval`), when it offered any.
+    pub expansions: Option<Arc<crate::retrieval::Tally>>,
 }
 
 /// Counts the bytes a client received and writes the request's log line exactly once: when the
@@ -83,6 +86,12 @@ impl LoggedBody {
         let elapsed = self.started.elapsed();
         emit_log_line(&log, elapsed, self.bytes_out, end);
         record_span(&log);
+        if let (Some(metrics), Some(tally)) = (&log.metrics, &log.expansions) {
+            metrics.expansions(
+                tally.rounds.load(Ordering::Relaxed),
+                tally.bytes.load(Ordering::Relaxed),
+            );
+        }
         if let Some(metrics) = &log.metrics {
             let summarizer = log
                 .compaction
@@ -152,6 +161,8 @@ fn emit_log_line(log: &RequestLog, elapsed: Duration, bytes_out: u64, end: &'sta
             messages_dropped = c.messages_dropped, precompute = c.precompute_started,
             audit = c.audit.map_or("-", |audit| audit.would.label()),
             audit_tokens_after = c.audit.map(|audit| audit.tokens_after),
+            expansions = log.expansions.as_ref().map(|t| t.rounds.load(Ordering::Relaxed)),
+            expansion_bytes = log.expansions.as_ref().map(|t| t.bytes.load(Ordering::Relaxed)),
             "request"
         ),
     }

@@ -26,6 +26,7 @@ pub mod provider;
 pub mod proxy;
 pub mod relay;
 pub mod report;
+pub mod retrieval;
 pub mod routing;
 pub mod sealing;
 pub mod served;

@@ -384,6 +384,95 @@ pub fn response_reply(
     (done, events)
 }
 
+/// compactor's lookup tool (`summarization.retrieval`), by its default name.
+pub const LOOKUP_TOOL: &str = "compactor_expand";
+/// What a planted fact starts with: the model "needs" it, and asks for it when the summary
+/// lacks it.
+pub const FACT_MARK: &str = "FACT-";
+
+/// The planted facts in `text`, in order.
+fn facts_in(text: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(FACT_MARK) {
+        let tail = &rest[at..];
+        let end = tail
+            .char_indices()
+            .find(|(i, c)| *i >= FACT_MARK.len() && !(c.is_ascii_alphanumeric() || *c == '-'))
+            .map_or(tail.len(), |(i, _)| i);
+        found.push(&tail[..end]);
+        rest = &tail[end..];
+    }
+    found
+}
+
+fn text_of(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Chat, with compactor's lookup tool declared: a model that needs the planted facts. After a
+/// lookup it answers with the facts the result holds (`Recalled: …`); on a user turn whose
+/// summary lacks them, it calls the tool (`Some(arguments)`) with the ref whose index line
+/// mentions a fact, else the first; with them in the summary it answers from it. None: the
+/// tool is not declared, or there is no summary to look behind.
+pub fn lookup_reply(request: &Value) -> Option<(Option<String>, String)> {
+    let messages = request.get("messages")?.as_array()?;
+    let last = messages.last()?;
+    if last.get("role").and_then(Value::as_str) == Some("tool") {
+        let looked_up = messages.iter().rev().any(|m| {
+            m.get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|c| c.pointer("/function/name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
+        });
+        if !looked_up {
+            return None;
+        }
+        let text = text_of(last);
+        let facts = facts_in(&text);
+        return Some((None, format!("Recalled: {}", facts.join(" "))));
+    }
+    let declared = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
+    let summary = messages
+        .iter()
+        .map(text_of)
+        .find(|text| text.contains("Here is a summary of the conversation to date"))?;
+    let in_summary = facts_in(&summary);
+    if !in_summary.is_empty() {
+        return Some((None, format!("From the summary: {}", in_summary.join(" "))));
+    }
+    if !declared {
+        return None;
+    }
+    let refs: Vec<&str> = summary
+        .lines()
+        .filter_map(|line| line.strip_prefix("- ref:"))
+        .collect();
+    let pick = refs
+        .iter()
+        .find(|line| line.to_ascii_lowercase().contains("fact"))
+        .or(refs.first())?;
+    let id = pick.split_whitespace().next()?;
+    Some((
+        Some(json!({"ref": format!("ref:{id}")}).to_string()),
+        String::new(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -827,8 +827,16 @@ fn build_reply(mode: MockMode, request: &Value, raw: &Bytes, fault: Option<MockF
     let messages = request.get("messages").and_then(Value::as_array);
     match mode {
         MockMode::Echo => Reply::Text(String::from_utf8_lossy(raw).into_owned()),
-        // Agent mode scripts only the Messages and Responses APIs; chat gets the chat reply.
-        MockMode::Agent => build_reply(MockMode::Chat, request, raw, fault),
+        // On chat, agent mode scripts only compactor's lookup tool; else the chat reply.
+        MockMode::Agent => agent::lookup_reply(request)
+            .map(|(call, text)| match call {
+                Some(arguments) => Reply::ToolCall {
+                    name: agent::LOOKUP_TOOL.into(),
+                    arguments,
+                },
+                None => Reply::Text(text),
+            })
+            .unwrap_or_else(|| build_reply(MockMode::Chat, request, raw, fault)),
         MockMode::Summarizer => {
             match fault {
                 Some(MockFault::Blank) => return Reply::Text("   ".into()),

@@ -66,6 +66,14 @@ impl Api {
         }
     }
 
+    /// How it carries lookups of what a summary left out, when it does.
+    pub fn retrieval(self) -> Option<&'static dyn crate::retrieval::Wire> {
+        match self {
+            Api::ChatCompletions => Some(&chat::retrieval::ChatRetrieval),
+            Api::Responses | Api::Messages | Api::Gemini => None,
+        }
+    }
+
     /// The contracts served for a POST to `path` (under the API prefix).
     pub fn contracts_for(path: &str) -> Option<&'static dyn Contracts> {
         Api::ALL

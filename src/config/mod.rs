@@ -13,7 +13,8 @@ mod validate;
 pub use env::expand_vars;
 pub use summarization::{
     AuditConfig, ClearToolOutputsConfig, CompactionMode, ContextSize, FailMode, NoticeMode,
-    OneOrMany, Oversize, Stage, SummarizationConfig, SummarizerApi, SummaryPlacement, SummaryRole,
+    OneOrMany, Oversize, RetrievalConfig, Stage, SummarizationConfig, SummarizerApi,
+    SummaryPlacement, SummaryRole,
 };
 
 use serde::{Deserialize, Serialize, Serializer};
@@ -412,6 +413,8 @@ pub struct ClientKeyConfig {
     /// This key's own compaction mode (else `summarization.mode`): a tenant can be audited
     /// before it is enforced, or the other way round.
     pub mode: Option<CompactionMode>,
+    /// This key's own lookups of what a summary left out (else `summarization.retrieval`).
+    pub retrieval: Option<RetrievalConfig>,
 }
 
 impl Default for ClientKeyConfig {
@@ -426,6 +429,7 @@ impl Default for ClientKeyConfig {
             trigger: None,
             model_name: None,
             mode: None,
+            retrieval: None,
         }
     }
 }

@@ -161,6 +161,31 @@ pub struct ClearToolOutputsConfig {
     pub min_tokens: u64,
 }
 
+/// A way back from a summary: the model may ask for the original of what it stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrievalConfig {
+    /// Off changes nothing on the wire.
+    pub enabled: bool,
+    /// The tool compactor adds to a compacted request and answers itself.
+    pub tool_name: String,
+    /// Lookups one request may cost: each is one more upstream call.
+    pub max_rounds: u32,
+    /// The longest original one lookup answers with; longer ones are cut, with a note.
+    pub max_bytes: usize,
+}
+
+impl Default for RetrievalConfig {
+    fn default() -> Self {
+        RetrievalConfig {
+            enabled: false,
+            tool_name: "compactor_expand".into(),
+            max_rounds: 2,
+            max_bytes: 64 * 1024,
+        }
+    }
+}
+
 /// The `summarization:` block. A DeerFlow `summarization:` block loads as is; the rest is ours.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -207,6 +232,8 @@ pub struct SummarizationConfig {
     /// Entries of the identifier index compactor appends to each summary (exact error lines,
     /// paths, ids, URLs, commands found in the summarized messages); 0: none.
     pub identifier_index: usize,
+    /// Lookups of what a summary left out, answered from the request itself.
+    pub retrieval: RetrievalConfig,
     /// After compaction the request must sit under `headroom × threshold`; null disables.
     pub headroom: Option<f64>,
     /// With headroom on, the cut also leaves room for this many turns of the conversation's
@@ -281,6 +308,7 @@ impl Default for SummarizationConfig {
             summary_placement: SummaryPlacement::Auto,
             summary_max_tokens: 1024,
             identifier_index: 24,
+            retrieval: RetrievalConfig::default(),
             headroom: Some(0.75),
             headroom_turns: 10,
             timeout_secs: 60.0,

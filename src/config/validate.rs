@@ -2,7 +2,10 @@
 
 use std::net::SocketAddr;
 
-use super::{CacheBackend, Config, ConfigError, ContextSize, NativeCompaction, OneOrMany, Stage};
+use super::{
+    CacheBackend, Config, ConfigError, ContextSize, NativeCompaction, OneOrMany, RetrievalConfig,
+    Stage,
+};
 
 impl Config {
     /// Every problem, each naming its key.
@@ -318,6 +321,13 @@ impl Config {
                 ));
             }
         }
+        validate_retrieval("summarization.retrieval", &s.retrieval, problems);
+        for key in &self.auth.keys {
+            if let Some(retrieval) = &key.retrieval {
+                let at = format!("auth.keys[{}].retrieval", key.name);
+                validate_retrieval(&at, retrieval, problems);
+            }
+        }
         self.validate_summarizer_bounds(problems);
     }
 
@@ -453,5 +463,28 @@ fn validate_size(key: &str, size: &ContextSize, problems: &mut Vec<String>) {
 fn positive_secs(key: &str, value: f64, problems: &mut Vec<String>) {
     if !(value.is_finite() && value > 0.0) {
         problems.push(format!("{key}: must be a positive number of seconds"));
+    }
+}
+
+/// A tool name every API accepts, and bounds that keep a lookup one bounded extra call.
+fn validate_retrieval(at: &str, r: &RetrievalConfig, problems: &mut Vec<String>) {
+    let name_ok = (1..=64).contains(&r.tool_name.len())
+        && r.tool_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !name_ok {
+        problems.push(format!(
+            "{at}.tool_name: {:?} must be 1 to 64 letters, digits, '_' or '-'",
+            r.tool_name
+        ));
+    }
+    if !(1..=8).contains(&r.max_rounds) {
+        problems.push(format!("{at}.max_rounds: {} must be 1 to 8", r.max_rounds));
+    }
+    if !(256..=16 * 1024 * 1024).contains(&r.max_bytes) {
+        problems.push(format!(
+            "{at}.max_bytes: {} must be 256 to 16777216",
+            r.max_bytes
+        ));
     }
 }

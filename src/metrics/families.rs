@@ -187,6 +187,8 @@ pub(super) struct CompactionMetrics {
     pub(super) messages_dropped: Counter,
     pub(super) reactive_retries: Family<ResultLabels, Counter>,
     pub(super) precomputes: Counter,
+    pub(super) expansion_rounds: Counter,
+    pub(super) expansion_bytes: Counter,
     pub(super) calibration_samples: Family<ResultLabels, Counter>,
     pub(super) estimate_ratio: Histogram,
     pub(super) summarizer: SummarizerMetrics,
@@ -295,6 +297,18 @@ impl CompactionMetrics {
             "Summaries started ahead of need (precompute_at)",
             Counter::default(),
         );
+        let expansion_rounds = registered(
+            registry,
+            "compactor_expansion_rounds",
+            "Lookups of what a summary left out that compactor answered, each one more upstream call (summarization.retrieval)",
+            Counter::default(),
+        );
+        let expansion_bytes = registered(
+            registry,
+            "compactor_expansion_bytes",
+            "Bytes of originals compactor returned to lookups (summarization.retrieval)",
+            Counter::default(),
+        );
         let reactive_retries = registered(
             registry,
             "compactor_reactive_retries",
@@ -323,6 +337,8 @@ impl CompactionMetrics {
             outputs_cleared,
             messages_dropped,
             precomputes,
+            expansion_rounds,
+            expansion_bytes,
             reactive_retries,
             calibration_samples,
             estimate_ratio,

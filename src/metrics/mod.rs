@@ -296,6 +296,14 @@ impl Metrics {
     }
 
     /// A summary could not be had (`reason` is the failure's label).
+    /// Lookups answered for one request, and the bytes they returned.
+    pub fn expansions(&self, rounds: u64, bytes: u64) {
+        if self.enabled() && rounds > 0 {
+            self.compaction.expansion_rounds.inc_by(rounds);
+            self.compaction.expansion_bytes.inc_by(bytes);
+        }
+    }
+
     pub fn summary_failed(&self, reason: &'static str) {
         if self.enabled() {
             self.compaction

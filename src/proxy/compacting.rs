@@ -120,6 +120,8 @@ pub(super) struct Compacting<'e> {
     /// The engine and API that read the body, when one did.
     pub engine: Option<(&'e CompactionEngine, ApiRequest)>,
     pub retry: Option<(&'e CompactionEngine, ApiRequest, Bytes)>,
+    /// The client's body, when compaction rewrote it: what lookups are answered from.
+    pub original: Option<Bytes>,
 }
 
 impl Compacting<'_> {
@@ -129,6 +131,7 @@ impl Compacting<'_> {
             compacted,
             engine: None,
             retry: None,
+            original: None,
         }
     }
 }
@@ -161,6 +164,7 @@ pub(super) async fn compact<'e>(
         .summarization
         .reactive
         .then(|| (engine, api.clone(), bytes.clone()));
+    let original = bytes.clone();
     let result = engine
         .compact(headers, bytes, &upstream.name, caller, api)
         .await
@@ -173,6 +177,7 @@ pub(super) async fn compact<'e>(
         compacted: Some(result),
         engine: Some((engine, api.clone())),
         retry,
+        original: Some(original),
     })
 }
 

@@ -42,6 +42,8 @@ pub(super) struct Facts<'c> {
     pub restricted: bool,
     /// A call of the engine contract (`POST {prefix}/compress`), answered here.
     pub engine_contract: bool,
+    /// How its API carries lookups of what a summary left out, when it does.
+    pub retrieval: Option<&'static dyn crate::retrieval::Wire>,
 }
 
 /// Where a request goes upstream.
@@ -97,6 +99,7 @@ pub(super) fn classify<'c>(
         restricted,
         path_model,
         engine_contract: post && rest == ENGINE_CONTRACT_PATH,
+        retrieval: api.and_then(Api::retrieval),
     }
 }
 

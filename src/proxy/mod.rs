@@ -38,6 +38,7 @@ mod address;
 mod compacting;
 mod compress;
 mod facts;
+mod lookups;
 
 /// The hyper service: never fails; every error becomes a response in the shape of the API the
 /// path belongs to (OpenAI's, Anthropic's on `/messages…`, Google's on Gemini's paths).
@@ -184,10 +185,10 @@ async fn through_upstream(
         inbound,
         log,
     );
-    let compacting = compacting.await?;
+    let mut compacting = compacting.await?;
     let keyed = facts.key.is_some();
     let query = forwarded_query(query.as_deref(), keyed, upstream);
-    let outgoing = Outgoing {
+    let mut outgoing = Outgoing {
         target: Target::new(
             upstream,
             parts.method,
@@ -196,7 +197,13 @@ async fn through_upstream(
         headers: without_compactor_key(parts.headers, keyed),
         caller,
     };
+    let rounds = lookups::offer(current, &facts, &mut compacting, &mut outgoing, log);
     let (response, compacted) = send(app, outgoing, compacting, log).await?;
+    let sent = compacted.as_ref().map(|c| &c.body);
+    let response = match rounds.filter(|rounds| lookups::still_offered(rounds, sent)) {
+        Some(rounds) => crate::retrieval::after_upstream(response, rounds).await?,
+        None => response,
+    };
     let response = match addition.filter(|_| response.status().is_success()) {
         Some(addition) => served::after_upstream(response, addition.as_ref(), upstream).await?,
         None => response,
@@ -246,6 +253,7 @@ async fn send(
         mut compacted,
         engine,
         retry,
+        ..
     } = compacting;
     // A retry after a context-length error is sent with the same headers.
     let retry = retry.map(|(engine, api, original)| Retry {

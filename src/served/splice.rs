@@ -28,6 +28,11 @@ pub struct Event<'a> {
 /// as they came.
 pub trait Splice: Send + Unpin + 'static {
     fn rewrite(&mut self, event: Event<'_>, out: &mut Vec<u8>);
+
+    /// An event whose data is not JSON (a comment, `[DONE]`): on as it came unless held.
+    fn pass(&mut self, raw: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(raw);
+    }
 }
 
 /// The upstream's bytes, cut into events for a [`Splice`].
@@ -68,11 +73,16 @@ impl<S: Splice> Events<S> {
                     };
                     self.splice.rewrite(event, &mut out);
                 }
-                None => out.extend_from_slice(&raw),
+                None => self.splice.pass(&raw, &mut out),
             }
         }
         self.scanned = resume_at(self.pending.len());
         Bytes::from(out)
+    }
+
+    /// The splice, between two streams it reads.
+    pub fn splice_mut(&mut self) -> &mut S {
+        &mut self.splice
     }
 
     /// What is left at the end of the stream, as it came.

@@ -23,6 +23,7 @@ mod random_runs;
 #[cfg(feature = "redis")]
 mod redis;
 mod responses;
+mod retrieval;
 mod sdk_async_openai;
 mod security;
 mod stages;

@@ -20,6 +20,7 @@ use crate::compaction::planner::rewrite::SUMMARY_PREFIX;
 use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
 
 pub mod provider;
+pub mod retrieval;
 pub mod wire;
 
 #[derive(Deserialize)]

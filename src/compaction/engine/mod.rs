@@ -96,6 +96,8 @@ pub struct Compacted {
     pub outcome: Outcome,
     /// The summary text the body carries (after the summary prefix), when it carries one.
     pub summary: Option<String>,
+    /// Where the messages that summary stands for lie in the client's body, oldest first.
+    pub covered: Vec<std::ops::Range<usize>>,
     notice: Option<Notice>,
 }
 
@@ -122,6 +124,7 @@ impl Compacted {
             rewritten: true,
             outcome,
             summary: None,
+            covered: Vec::new(),
             notice: None,
         }
     }
@@ -132,6 +135,7 @@ impl Compacted {
             rewritten: false,
             outcome,
             summary: None,
+            covered: Vec::new(),
             notice: None,
         }
     }
@@ -371,6 +375,7 @@ impl CompactionEngine {
                 body: rewritten,
                 outcome,
                 summary,
+                covered,
                 notice,
                 next,
             }) => {
@@ -384,6 +389,7 @@ impl CompactionEngine {
                     rewritten: true,
                     outcome,
                     summary,
+                    covered,
                     notice,
                 };
                 (Ok(compacted), window)

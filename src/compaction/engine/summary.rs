@@ -114,6 +114,7 @@ impl CompactionEngine {
             body: Bytes::from(rewritten),
             rewritten: true,
             summary: Some(summary.text.clone()),
+            covered: job.splice.covered().to_vec(),
             notice: Some(Notice {
                 mode: notice_mode,
                 message: compacted_message(&outcome),
@@ -152,6 +153,7 @@ impl CompactionEngine {
                 rewritten: true,
                 outcome,
                 summary: fallback.summary,
+                covered: fallback.covered,
                 notice: None,
             });
         }

@@ -70,6 +70,9 @@ pub struct Splice {
     summary_breakpoint: Option<String>,
     /// Where the first tail message's `content` lies in the body, for a merge.
     merge_content: Option<Range<usize>>,
+    /// Where the messages the summary stands for lie in the body, oldest first: what a
+    /// lookup (`summarization.retrieval`) is answered from.
+    covered: Vec<Range<usize>>,
 }
 
 impl Splice {
@@ -140,7 +143,13 @@ impl Splice {
                     .map(|raw| raw.get().to_string())
             })
             .flatten();
+        let covered = layout
+            .summarized(layout.head, |_| true)
+            .into_iter()
+            .map(|i| conversation.message_range(i))
+            .collect();
         Ok(Splice {
+            covered,
             summary_breakpoint,
             merge_content: first_content.filter(|_| merge_into_first),
             messages_span: conversation.messages_span.clone(),
@@ -166,6 +175,11 @@ impl Splice {
             }
         }
         self
+    }
+
+    /// Where the messages the summary stands for lie in the body the splice was made from.
+    pub fn covered(&self) -> &[Range<usize>] {
+        &self.covered
     }
 
     /// The new body: `body` (the one the splice was made from) with only `messages` replaced and

@@ -26,6 +26,7 @@ impl Planner {
         Prepared::Rewritten {
             body: apply_cleared(context.body, context.conversation, &plan.cleared),
             summary: None,
+            covered: Vec::new(),
             outcome: Outcome {
                 kind: OutcomeKind::Cleared,
                 tokens_after: plan.tokens_cleared,
@@ -63,6 +64,7 @@ impl Planner {
         Prepared::Rewritten {
             body: splice.apply(context.body, &summary.text, self.config.summary_role),
             summary: Some(summary.text.clone()),
+            covered: splice.covered().to_vec(),
             outcome: Outcome {
                 kind: OutcomeKind::Reused,
                 tokens_after: layout.projected_tokens,
@@ -104,6 +106,7 @@ impl Planner {
             kind: OutcomeKind::Truncated,
             body: splice.apply_omission(context.body, dropped, self.config.summary_role),
             summary: None,
+            covered: Vec::new(),
             tokens_after: layout.projected_tokens,
             dropped,
             headroom_unmet: false,
@@ -133,6 +136,7 @@ impl Planner {
             kind: OutcomeKind::Reused,
             body: splice.apply(context.body, &text, self.config.summary_role),
             summary: Some(text.into_owned()),
+            covered: splice.covered().to_vec(),
             tokens_after: layout.projected_tokens,
             dropped,
             headroom_unmet: true,
@@ -148,6 +152,7 @@ impl Planner {
             kind: OutcomeKind::Cleared,
             body: apply_cleared(context.body, context.conversation, &plan.cleared),
             summary: None,
+            covered: Vec::new(),
             tokens_after: plan.tokens_cleared,
             dropped: 0,
             headroom_unmet: false,

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::compaction::front_end::{ApiRequest, Parsed};
@@ -55,6 +56,8 @@ pub(super) enum Prepared {
         outcome: Outcome,
         /// The summary text the body carries, when it carries one.
         summary: Option<String>,
+        /// Where the messages that summary stands for lie in the original body.
+        covered: Vec<Range<usize>>,
         /// The first request to use a summary made ahead of need carries the notice.
         notice: bool,
         next: Next,
@@ -78,6 +81,8 @@ pub(super) struct Fallback {
     pub body: Vec<u8>,
     /// The summary text the body carries, when it carries one.
     pub summary: Option<String>,
+    /// Where the messages that summary stands for lie in the original body.
+    pub covered: Vec<Range<usize>>,
     pub tokens_after: u64,
     pub dropped: usize,
     pub headroom_unmet: bool,
@@ -646,6 +651,7 @@ fn truncated_body(truncated: Fallback, base: Outcome, next: Next) -> Prepared {
     Prepared::Rewritten {
         outcome: truncated.outcome(base),
         summary: truncated.summary,
+        covered: truncated.covered,
         body: truncated.body,
         notice: false,
         next,

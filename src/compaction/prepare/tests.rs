@@ -5,6 +5,7 @@ fn fallback(kind: OutcomeKind, tokens_after: u64) -> Fallback {
         kind,
         body: Vec::new(),
         summary: None,
+        covered: Vec::new(),
         tokens_after,
         dropped: 0,
         headroom_unmet: false,

@@ -1,0 +1,274 @@
+//! A way back from a summary (`summarization.retrieval`) on chat completions: the mock in agent
+//! mode plays a model that calls compactor's lookup tool whenever the planted fact is not in
+//! the summary, and answers with what the lookup returned.
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+use mock_upstream::{MockHandle, MockMode, MockOptions};
+
+const FACT: &str = "FACT-7Q2KD";
+
+/// A conversation whose only copy of the fact is a file read early on, then long exchanges,
+/// ending on a question about it.
+fn conversation() -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a careful engineer."}),
+        json!({"role": "user", "content": "Read the notes and remember the code in them."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_notes", "type": "function",
+            "function": {"name": "read_file", "arguments": "{\"path\":\"notes/fact.txt\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "call_notes",
+            "content": format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three")}),
+    ];
+    for t in 0..20 {
+        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
+        messages.push(json!({"role": "user", "content": words("question")}));
+        messages.push(json!({"role": "assistant", "content": words("answer")}));
+    }
+    messages.push(json!({"role": "user", "content": "What was the code in the notes?"}));
+    messages
+}
+
+struct Setup {
+    upstream: MockHandle,
+    _summarizer: MockHandle,
+    proxy: Proxy,
+}
+
+async fn setup(retrieval: &str) -> Setup {
+    let upstream = mock(MockOptions {
+        mode: MockMode::Agent,
+        ..MockOptions::default()
+    })
+    .await;
+    let summarizer = mock(MockOptions {
+        mode: MockMode::Summarizer,
+        ..MockOptions::default()
+    })
+    .await;
+    // No identifier index: the summary loses the fact, as a real one did.
+    let yaml = format!(
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 64\n  identifier_index: 0\n  trigger: {{type: tokens, value: 1500}}\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1000\n  retrieval: {retrieval}\n",
+        upstream.base_url(),
+        summarizer.base_url()
+    );
+    Setup {
+        proxy: proxy(&yaml).await,
+        upstream,
+        _summarizer: summarizer,
+    }
+}
+
+fn chat(messages: &[Value], stream: bool) -> String {
+    let mut body = json!({"model": "gpt-4o-mini", "messages": messages});
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body.to_string()
+}
+
+async fn ask(setup: &Setup, messages: &[Value], stream: bool) -> Collected {
+    roundtrip(
+        &client(),
+        json_request(
+            &setup.proxy.url("/v1/chat/completions"),
+            chat(messages, stream),
+            &[],
+        ),
+    )
+    .await
+}
+
+/// The mock's usage of one request it answered: a quarter of its messages' JSON.
+fn prompt_tokens(request: &Value) -> u64 {
+    (request["messages"].to_string().len() / 4) as u64
+}
+
+/// The chat requests the upstream got, oldest first.
+fn upstream_chats(upstream: &MockHandle) -> Vec<Value> {
+    upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.path_and_query.ends_with("/chat/completions"))
+        .map(|r| r.json())
+        .collect()
+}
+
+fn declares_lookup(request: &Value) -> bool {
+    request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["function"]["name"] == "compactor_expand")
+}
+
+/// The fact reached the model's second round byte for byte, as the result of the lookup the
+/// first round's answer asked for.
+fn assert_looked_up(chats: &[Value]) {
+    assert_eq!(chats.len(), 2, "one lookup, one more round: {chats:#?}");
+    let first = &chats[0];
+    assert!(declares_lookup(first), "the tool is offered");
+    let summary = first["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .find(|c| c.starts_with("Here is a summary"))
+        .expect("a summary")
+        .to_string();
+    assert!(summary.contains("\n- ref:"), "{summary}");
+    assert!(summary.contains("read_file"), "{summary}");
+    assert!(!summary.contains(FACT), "the summary lost the fact");
+    let messages = chats[1]["messages"].as_array().unwrap();
+    let result = messages.last().unwrap();
+    assert_eq!(result["role"], "tool");
+    let original = format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three");
+    assert!(
+        result["content"].as_str().unwrap().contains(&original),
+        "{result}"
+    );
+    let call = &messages[messages.len() - 2];
+    assert_eq!(
+        call["tool_calls"][0]["function"]["name"],
+        "compactor_expand"
+    );
+    assert_eq!(call["tool_calls"][0]["id"], result["tool_call_id"]);
+}
+
+#[tokio::test]
+async fn a_lookup_brings_back_what_the_summary_left_out_whole() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask(&setup, &conversation(), false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(header(&response, "x-compactor-expansions"), "1");
+    let chats = upstream_chats(&setup.upstream);
+    assert_looked_up(&chats);
+    let answer = response.json();
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["content"], format!("Recalled: {FACT}"));
+    assert!(message.get("tool_calls").is_none(), "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    assert!(!response.text().contains("compactor_expand"));
+    // The rounds' usage, summed: the client paid for both calls.
+    let prompt: u64 = chats.iter().map(prompt_tokens).sum();
+    assert_eq!(answer["usage"]["prompt_tokens"], prompt);
+    assert_eq!(
+        answer["usage"]["total_tokens"].as_u64(),
+        Some(prompt + answer["usage"]["completion_tokens"].as_u64().unwrap())
+    );
+}
+
+#[tokio::test]
+async fn a_lookup_is_spliced_into_one_stream() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask(&setup, &conversation(), true).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_looked_up(&upstream_chats(&setup.upstream));
+    let text = response.text();
+    assert!(!text.contains("compactor_expand"), "{text}");
+    assert_eq!(text.matches("data: [DONE]").count(), 1, "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect();
+    let ids: std::collections::HashSet<String> = chunks
+        .iter()
+        .map(|c| c["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(ids.len(), 1, "one message: {ids:?}");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, format!("Recalled: {FACT}"));
+    let roles = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"].get("role").is_some())
+        .count();
+    assert_eq!(roles, 1, "{text}");
+    assert!(chunks
+        .iter()
+        .all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()));
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [&json!("stop")]);
+    let usages: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["usage"])
+        .filter(|u| u.is_object())
+        .collect();
+    assert_eq!(usages.len(), 1, "{text}");
+}
+
+#[tokio::test]
+async fn with_one_round_the_follow_up_goes_without_the_tool() {
+    let setup = setup("{enabled: true, max_rounds: 1}").await;
+    let response = ask(&setup, &conversation(), false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let chats = upstream_chats(&setup.upstream);
+    assert_looked_up(&chats);
+    assert!(!declares_lookup(&chats[1]), "the last round cannot look up");
+    assert!(response.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains(FACT));
+}
+
+#[tokio::test]
+async fn the_tool_and_the_index_stay_byte_identical_while_the_summary_is_reused() {
+    let setup = setup("{enabled: true}").await;
+    let mut messages = conversation();
+    assert_eq!(outcome(&ask(&setup, &messages, false).await), "summarized");
+    messages.push(json!({"role": "assistant", "content": format!("Recalled: {FACT}")}));
+    messages.push(json!({"role": "user", "content": "And the code again?"}));
+    let second = ask(&setup, &messages, false).await;
+    assert_eq!(outcome(&second), "reused");
+    let firsts: Vec<bytes::Bytes> = setup
+        .upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.json().get("tools").is_some())
+        .filter(|r| {
+            let last = r.json()["messages"].as_array().unwrap().last().cloned();
+            last.is_some_and(|m| m["role"] == "user")
+        })
+        .map(|r| r.body)
+        .collect();
+    assert_eq!(firsts.len(), 2, "each turn's first round");
+    let (one, two) = (&firsts[0], &firsts[1]);
+    let request: Value = serde_json::from_slice(one).unwrap();
+    let summary = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|m| m["content"].as_str().filter(|c| c.contains("\n- ref:")))
+        .expect("a summary with its index")
+        .to_string();
+    let escaped = serde_json::to_string(&summary).unwrap();
+    let summary_end =
+        memchr::memmem::find(one, escaped.as_bytes()).expect("the summary") + escaped.len();
+    assert_eq!(
+        one[..summary_end],
+        two[..summary_end],
+        "the prefix through the summary's index"
+    );
+}
+
+#[tokio::test]
+async fn off_it_changes_nothing_on_the_wire() {
+    let setup = setup("{enabled: false}").await;
+    let response = ask(&setup, &conversation(), false).await;
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(header(&response, "x-compactor-expansions"), "");
+    let chats = upstream_chats(&setup.upstream);
+    assert_eq!(chats.len(), 1);
+    assert!(chats[0].get("tools").is_none());
+    assert!(!chats[0].to_string().contains("- ref:"));
+}
