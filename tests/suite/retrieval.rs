@@ -272,3 +272,47 @@ async fn off_it_changes_nothing_on_the_wire() {
     assert!(chats[0].get("tools").is_none());
     assert!(!chats[0].to_string().contains("- ref:"));
 }
+
+/// The real async-openai client reads the spliced stream and the merged answer as one message.
+#[tokio::test]
+async fn async_openai_reads_the_rounds_as_one_answer() {
+    use async_openai::config::OpenAIConfig;
+    use async_openai::types::chat::CreateChatCompletionRequest;
+    use futures_util::StreamExt;
+
+    compactor::server::install_crypto_provider();
+    let setup = setup("{enabled: true}").await;
+    let config = OpenAIConfig::new()
+        .with_api_base(setup.proxy.base_url())
+        .with_api_key("sk-test");
+    let client = async_openai::Client::with_config(config);
+    let request = |stream: bool| -> CreateChatCompletionRequest {
+        serde_json::from_str(&chat(&conversation(), stream)).expect("a valid request")
+    };
+    let whole = client.chat().create(request(false)).await.expect("answer");
+    assert_eq!(
+        whole.choices[0].message.content.as_deref(),
+        Some(format!("Recalled: {FACT}").as_str())
+    );
+    assert!(whole.choices[0].message.tool_calls.is_none());
+    let mut stream = client
+        .chat()
+        .create_stream(request(true))
+        .await
+        .expect("stream opens");
+    let mut text = String::new();
+    let mut usage = None;
+    while let Some(item) = tokio::time::timeout(BOUND, stream.next())
+        .await
+        .expect("bounded")
+    {
+        let chunk = item.expect("chunk parses");
+        usage = usage.or(chunk.usage);
+        for choice in chunk.choices {
+            assert!(choice.delta.tool_calls.is_none());
+            text.push_str(choice.delta.content.as_deref().unwrap_or(""));
+        }
+    }
+    assert_eq!(text, format!("Recalled: {FACT}"));
+    assert!(usage.is_some(), "the rounds' usage, once");
+}
