@@ -230,12 +230,42 @@ class Recorder:
         status, answer = forward(f"{self.model_url}/chat/completions", body)
         if route == "sum" and status == 200:
             self.memo[key] = answer
+        if route == "ans" and status == 200 and body.get("tools"):
+            answer = with_parsed_tool_calls(answer)
         return status, answer
 
     def take(self) -> list[tuple[str, dict, dict, float]]:
         with self.lock:
             taken, self.exchanges = self.exchanges, []
         return taken
+
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def with_parsed_tool_calls(answer: bytes) -> bytes:
+    """Qwen writes a tool call as `<tool_call>{"name", "arguments"}</tool_call>` text; a
+    serving stack with a tool parser (vLLM's `--tool-call-parser hermes`) answers it as
+    `tool_calls`. llama-cpp-python's server has none for this template, so the recorder
+    parses it as that parser would."""
+    payload = json.loads(answer)
+    message = payload["choices"][0]["message"]
+    text = message.get("content") or ""
+    calls = []
+    for n, found in enumerate(TOOL_CALL.finditer(text)):
+        try:
+            call = json.loads(found.group(1))
+        except json.JSONDecodeError:
+            continue
+        arguments = call.get("arguments", {})
+        calls.append({"id": f"call_eval_{n}", "type": "function", "function": {
+            "name": call.get("name", ""),
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+    if calls:
+        message["content"] = TOOL_CALL.sub("", text).strip() or None
+        message["tool_calls"] = calls
+        payload["choices"][0]["finish_reason"] = "tool_calls"
+    return json.dumps(payload).encode()
 
 
 def forward(url: str, body: dict) -> tuple[int, bytes]:
@@ -301,6 +331,7 @@ COMPACTOR_VARIANTS = {
     "compactor: no identifier index": ("sum", "  identifier_index: 0\n"),
     "compactor: alternative prompt": ("sum", f"  summary_prompt: {json.dumps(ALTERNATIVE_PROMPT)}\n"),
     "negative control: constant summarizer, no index": ("const", "  identifier_index: 0\n"),
+    "compactor: default + retrieval": ("sum", "  retrieval: {enabled: true}\n"),
 }
 
 
@@ -400,6 +431,7 @@ class Tally:
         self.summarizer_tokens = 0
         self.summaries = 0
         self.waits: list[float] = []
+        self.lookups = 0
 
 
 def main() -> None:
@@ -488,9 +520,12 @@ def run_strategy(name, conv, args, recorder, addr, tally: Tally, answers) -> Non
     for planted in conv["planted"]:
         kind, question = planted["kind"], QUESTIONS[planted["kind"]]
         if addr:
+            # A lookup is a tool call of about 35 tokens: the variant that may make one gets room.
+            answer_tokens = 48 if "retrieval" in name else 24
             body = {"model": args.model, "messages": messages + [{"role": "user", "content": question}],
-                    "max_tokens": 24, "temperature": 0}
+                    "max_tokens": answer_tokens, "temperature": 0}
             payload, headers, _ = post(f"http://{addr}/v1/chat/completions", body)
+            tally.lookups += int(headers.get("x-compactor-expansions", "0") or 0)
             if headers.get("x-compactor-compaction") == "summarized":
                 tally.summaries += 1
             sent = [s for route, s, _, _ in recorder.take() if route == "ans"]
@@ -545,6 +580,8 @@ def report(names, tallies, conversations, args, seconds, out=sys.stdout) -> None
         if name in COMPACTOR_VARIANTS:
             t = tallies[name]
             print(f"- {name}: " + ", ".join(f"{k} {100 * t.in_summary[k] / max(t.hits[k][1], 1):.0f} %" for k in KINDS))
+            if "retrieval" in name:
+                print(f"  lookups compactor answered: {t.lookups} for {t.questions} questions")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,23 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response compactor sends to a client.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// How an upstream's answer can be read to be edited: None when it is compressed (asked for
+/// plain and answered compressed anyway), else whether it is an event stream.
+pub fn readable_answer(headers: &http::HeaderMap) -> Option<bool> {
+    let encoded = headers
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity");
+    if encoded {
+        return None;
+    }
+    Some(
+        headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream")),
+    )
+}
+
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})

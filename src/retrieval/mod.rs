@@ -231,18 +231,10 @@ pub async fn after_upstream(
     response: Response<ProxyBody>,
     rounds: Rounds,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let encoded = response
-        .headers()
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes() != b"identity");
-    if encoded || !response.status().is_success() {
+    let readable = body::readable_answer(response.headers());
+    let Some(streamed) = readable.filter(|_| response.status().is_success()) else {
         return Ok(response);
-    }
-    let streamed = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    };
     let (mut parts, first) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     if streamed {
@@ -399,7 +391,7 @@ fn error_event(status: u16, text: &str) -> Bytes {
 }
 
 /// The API's stream reader as the event cutter's splice.
-struct Reader(Box<dyn StreamRounds>);
+pub(crate) struct Reader(pub Box<dyn StreamRounds>);
 
 impl Splice for Reader {
     fn rewrite(&mut self, event: Event<'_>, out: &mut Vec<u8>) {

@@ -80,18 +80,9 @@ pub async fn after_upstream(
     addition: &dyn Addition,
     upstream: &Upstream,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let encoded = response
-        .headers()
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes() != b"identity");
-    if encoded {
+    let Some(streamed) = body::readable_answer(response.headers()) else {
         return Ok(response);
-    }
-    let streamed = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    };
     let (mut parts, body) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     if streamed {

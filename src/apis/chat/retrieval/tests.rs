@@ -1,5 +1,6 @@
 use super::*;
-use crate::served::splice::{Events, Splice};
+use crate::retrieval::Reader;
+use crate::served::splice::Events;
 
 #[test]
 fn a_call_and_its_result_are_one_unit_and_other_messages_one_each() {
@@ -107,17 +108,6 @@ fn a_turn_goes_after_the_messages_as_a_call_and_its_result() {
         json!({"role": "tool", "tool_call_id": "call_1", "content": "the original"})
     );
     assert_eq!(value["model"], "m");
-}
-
-struct Reader(Box<dyn StreamRounds>);
-
-impl Splice for Reader {
-    fn rewrite(&mut self, event: Event<'_>, out: &mut Vec<u8>) {
-        self.0.event(event, out);
-    }
-    fn pass(&mut self, raw: &[u8], out: &mut Vec<u8>) {
-        self.0.pass(raw, out);
-    }
 }
 
 fn chunk(delta: Value, finish: Value) -> String {
