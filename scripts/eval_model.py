@@ -240,22 +240,25 @@ class Recorder:
         return taken
 
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>|^\s*(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?\s*$", re.S)
 
 
 def with_parsed_tool_calls(answer: bytes) -> bytes:
-    """Qwen writes a tool call as `<tool_call>{"name", "arguments"}</tool_call>` text; a
-    serving stack with a tool parser (vLLM's `--tool-call-parser hermes`) answers it as
-    `tool_calls`. llama-cpp-python's server has none for this template, so the recorder
-    parses it as that parser would."""
+    """Qwen writes a tool call as `<tool_call>{"name", "arguments"}</tool_call>` text, or (the
+    1.5B coder model) as that JSON object alone, fenced or not; a serving stack with a tool
+    parser (vLLM's `--tool-call-parser hermes`, llama.cpp's server) answers it as `tool_calls`.
+    llama-cpp-python's server has none for this template, so the recorder parses it as those
+    parsers do."""
     payload = json.loads(answer)
     message = payload["choices"][0]["message"]
     text = message.get("content") or ""
     calls = []
     for n, found in enumerate(TOOL_CALL.finditer(text)):
         try:
-            call = json.loads(found.group(1))
+            call = json.loads(found.group(1) or found.group(2))
         except json.JSONDecodeError:
+            continue
+        if not isinstance(call, dict) or "name" not in call:
             continue
         arguments = call.get("arguments", {})
         calls.append({"id": f"call_eval_{n}", "type": "function", "function": {
@@ -520,8 +523,8 @@ def run_strategy(name, conv, args, recorder, addr, tally: Tally, answers) -> Non
     for planted in conv["planted"]:
         kind, question = planted["kind"], QUESTIONS[planted["kind"]]
         if addr:
-            # A lookup is a tool call of about 35 tokens: the variant that may make one gets room.
-            answer_tokens = 48 if "retrieval" in name else 24
+            # A lookup is a tool call of about 45 tokens: the variant that may make one gets room.
+            answer_tokens = 64 if "retrieval" in name else 24
             body = {"model": args.model, "messages": messages + [{"role": "user", "content": question}],
                     "max_tokens": answer_tokens, "temperature": 0}
             payload, headers, _ = post(f"http://{addr}/v1/chat/completions", body)

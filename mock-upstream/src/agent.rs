@@ -151,6 +151,9 @@ fn message_blocks(
         request.pointer("/thinking/type").and_then(Value::as_str),
         Some("enabled" | "adaptive")
     );
+    if let Some(lookup) = lookup_blocks(request, thinking) {
+        return lookup;
+    }
     let (step, action) = next_move(script, body, true, !tools.is_empty());
     if step == 1 && tools.is_empty() {
         // A side request of the client's own (a title, a summary): not part of the loop.
@@ -451,9 +454,43 @@ pub fn lookup_reply(request: &Value) -> Option<(Option<String>, String)> {
         .iter()
         .map(text_of)
         .find(|text| text.contains("Here is a summary of the conversation to date"))?;
-    let in_summary = facts_in(&summary);
+    match planned_lookup(&summary, &text_of(last), declared)? {
+        Lookup::Call(reference) => {
+            Some((Some(json!({"ref": reference}).to_string()), String::new()))
+        }
+        Lookup::Answer(text) => Some((None, text)),
+    }
+}
+
+/// Whether a chat request carries a call of compactor's lookup tool in its messages.
+pub fn carries_lookup(request: &Value) -> bool {
+    request
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
+        .flatten()
+        .any(|c| c.pointer("/function/name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
+}
+
+/// What a model that needs the planted facts does on a user turn asking to recall them.
+enum Lookup {
+    /// Call the lookup tool with this ref.
+    Call(String),
+    Answer(String),
+}
+
+fn planned_lookup(summary: &str, question: &str, declared: bool) -> Option<Lookup> {
+    if !question.contains("Recall") {
+        return None;
+    }
+    let in_summary = facts_in(summary);
     if !in_summary.is_empty() {
-        return Some((None, format!("From the summary: {}", in_summary.join(" "))));
+        return Some(Lookup::Answer(format!(
+            "From the summary: {}",
+            in_summary.join(" ")
+        )));
     }
     if !declared {
         return None;
@@ -467,10 +504,77 @@ pub fn lookup_reply(request: &Value) -> Option<(Option<String>, String)> {
         .find(|line| line.to_ascii_lowercase().contains("fact"))
         .or(refs.first())?;
     let id = pick.split_whitespace().next()?;
-    Some((
-        Some(json!({"ref": format!("ref:{id}")}).to_string()),
-        String::new(),
-    ))
+    Some(Lookup::Call(format!("ref:{id}")))
+}
+
+/// Messages: as [`lookup_reply`], in blocks (a thinking block first when the request asks for
+/// thinking); None when the turn is not about the planted facts.
+fn lookup_blocks(request: &Value, thinking: bool) -> Option<(Vec<Value>, &'static str)> {
+    let messages = request.get("messages")?.as_array()?;
+    let last = messages.last()?;
+    let blocks_of = |message: &Value, kind: &str| -> Vec<Value> {
+        message
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some(kind))
+            .cloned()
+            .collect()
+    };
+    let mut blocks = Vec::new();
+    if thinking {
+        let thought = "The summary may have lost the code.".to_string();
+        blocks.push(json!({"type": "thinking", "thinking": thought,
+                           "signature": crate::anthropic::thinking_signature(&thought)}));
+    }
+    let results = blocks_of(last, "tool_result");
+    if !results.is_empty() {
+        let looked_up = messages.iter().any(|m| {
+            blocks_of(m, "tool_use")
+                .iter()
+                .any(|b| b.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
+        });
+        if !looked_up {
+            return None;
+        }
+        let text: String = results
+            .iter()
+            .map(|r| match r.get("content") {
+                Some(Value::String(text)) => text.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            })
+            .collect();
+        let facts = facts_in(&text);
+        blocks.push(json!({"type": "text", "text": format!("Recalled: {}", facts.join(" "))}));
+        return Some((blocks, "end_turn"));
+    }
+    let declared = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|t| t.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
+    let summary = messages
+        .iter()
+        .map(text_of)
+        .find(|text| text.contains("Here is a summary of the conversation to date"))?;
+    let question = text_of(last);
+    match planned_lookup(&summary, &question, declared)? {
+        Lookup::Call(reference) => {
+            blocks.push(json!({"type": "text", "text": "Let me read the original."}));
+            blocks.push(
+                json!({"type": "tool_use", "id": format!("toolu_lookup_{}", messages.len()),
+                               "name": LOOKUP_TOOL, "input": {"ref": reference}}),
+            );
+            Some((blocks, "tool_use"))
+        }
+        Lookup::Answer(text) => {
+            blocks.push(json!({"type": "text", "text": text}));
+            Some((blocks, "end_turn"))
+        }
+    }
 }
 
 #[cfg(test)]

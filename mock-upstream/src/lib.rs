@@ -9,6 +9,8 @@
 //! - `x-mock-fault: hang | stall | reset` — never answer; stop after the first event; or break
 //!   the connection after the first event.
 //! - `x-mock-id: ID` — use this completion id (makes two replies byte-comparable).
+//! - `x-mock-refuse-lookups: 1` — refuse (500) a chat request carrying a call of compactor's
+//!   lookup tool, as a server that does not take its messages would.
 //! - `x-mock-response-header: NAME=VALUE` — on non-chat paths, add that response header.
 //! - `x-mock-close: 1` — answer with `connection: close` and close the connection after it.
 //! - `x-mock-gate: KEY` — after the first event, wait until the gate is opened
@@ -579,6 +581,18 @@ async fn serve_request(
             reject(&message);
             return Ok(openai_error(StatusCode::BAD_REQUEST, &message, Some(param)));
         }
+    }
+    if header_str(headers, "x-mock-refuse-lookups").is_some()
+        && !messages_api
+        && !responses_api
+        && agent::carries_lookup(&request)
+    {
+        reject("a lookup's messages");
+        return Ok(openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "this server does not take the lookup's messages",
+            None,
+        ));
     }
     let style = if messages_api {
         window::Style::Anthropic

@@ -70,7 +70,8 @@ impl Api {
     pub fn retrieval(self) -> Option<&'static dyn crate::retrieval::Wire> {
         match self {
             Api::ChatCompletions => Some(&chat::retrieval::ChatRetrieval),
-            Api::Responses | Api::Messages | Api::Gemini => None,
+            Api::Messages => Some(&messages::retrieval::MessagesRetrieval),
+            Api::Responses | Api::Gemini => None,
         }
     }
 

@@ -55,6 +55,9 @@ pub struct Call {
 pub struct Turn {
     /// What the model said before it called.
     pub said: String,
+    /// The answer's own content up to its lookups, for an API whose next round must carry it
+    /// back as it came (Anthropic's thinking blocks with their signatures).
+    pub content: Vec<Value>,
     pub calls: Vec<Call>,
     pub answers: Vec<String>,
 }
@@ -70,8 +73,8 @@ pub trait Wire: Sync {
     fn with_tool(&self, body: &[u8], tool: &str) -> Option<Vec<u8>>;
     /// `body` with a round's calls and answers after its messages.
     fn with_turn(&self, body: &[u8], tool: &str, turn: &Turn) -> Option<Vec<u8>>;
-    /// The lookups in a whole answer (empty: it is the final one), and what it said first.
-    fn lookups(&self, answer: &Value, tool: &str) -> (Vec<Call>, String);
+    /// The lookups in a whole answer (none: it is the final one), with what it said first.
+    fn lookups(&self, answer: &Value, tool: &str) -> Turn;
     /// A whole answer's usage, added to the rounds'.
     fn add_usage(&self, answer: &Value, usage: &mut Usage);
     /// The answer the client gets: the last round's, as the first round's message, with what
@@ -155,6 +158,45 @@ pub fn prepare(
     })
 }
 
+/// The `ref` a call's arguments name ("" when they name none).
+pub fn reference_in(arguments: &str) -> String {
+    serde_json::from_str::<Value>(arguments)
+        .ok()
+        .and_then(|v| v.get("ref").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// `body` with `items` (JSON, comma-separated) added at the end of the array `raw`, a slice
+/// of it; every other byte kept.
+pub fn appended(body: &[u8], raw: &serde_json::value::RawValue, items: &str) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let start = crate::compaction::planner::raw_json::offset_in(text, raw.get());
+    let inner = raw.get().trim_end().strip_suffix(']')?.trim_end();
+    if !inner.trim_start().starts_with('[') {
+        return None;
+    }
+    let empty = inner.trim_start() == "[";
+    let end = start + inner.len();
+    let mut out = Vec::with_capacity(body.len() + items.len() + 1);
+    out.extend_from_slice(&body[..end]);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(items.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Some(out)
+}
+
+/// `body` (a JSON object) with `"key":value` as its first member.
+pub fn with_first_member(body: &[u8], key: &str, value: &str) -> Option<Vec<u8>> {
+    let open = body.iter().position(|&b| b == b'{')?;
+    let mut out = Vec::with_capacity(body.len() + key.len() + value.len() + 4);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(format!("{}:{value},", serde_json::to_string(key).ok()?).as_bytes());
+    out.extend_from_slice(&body[open + 1..]);
+    Some(out)
+}
+
 /// What the rounds after the first need: where they go and what they send.
 pub struct Rounds {
     pub wire: &'static dyn Wire,
@@ -205,6 +247,26 @@ impl Rounds {
             turn.answers.push(answer.text);
         }
         self.tally.rounds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The answer of the round after `turns`, and whether it is the final one anyway. A
+    /// follow-up the upstream refuses (a server that does not take the lookup's messages:
+    /// llama-cpp-python's refused null content beside tool calls) is asked once more as
+    /// compaction left the request, without the tool: the client gets an answer, not the
+    /// refusal of a call it never made.
+    async fn follow_up(&self, turns: &[Turn]) -> Result<(Response<ProxyBody>, bool), ProxyError> {
+        if let Some(body) = self.body_after(turns) {
+            let response = self.ask(body).await?;
+            if response.status().is_success() {
+                return Ok((response, false));
+            }
+            tracing::warn!(
+                status = response.status().as_u16(),
+                upstream = %self.upstream,
+                "the upstream refused the follow-up after a lookup: asked again without the tool"
+            );
+        }
+        Ok((self.ask(self.plain.to_vec()).await?, true))
     }
 
     async fn ask(&self, body: Vec<u8>) -> Result<Response<ProxyBody>, ProxyError> {
@@ -259,24 +321,16 @@ pub async fn after_upstream(
     let mut answer = first_answer.clone();
     loop {
         rounds.wire.add_usage(&answer, &mut usage);
-        let (calls, text) = rounds.wire.lookups(&answer, &tool);
-        if calls.is_empty() || turns.len() as u32 >= rounds.settings.max_rounds {
+        let mut turn = rounds.wire.lookups(&answer, &tool);
+        if turn.calls.is_empty() || turns.len() as u32 >= rounds.settings.max_rounds {
             break;
         }
-        said.push_str(&text);
-        let mut turn = Turn {
-            said: text,
-            calls,
-            answers: Vec::new(),
-        };
+        said.push_str(&turn.said);
         rounds.answer(&mut turn);
         turns.push(turn);
-        let Some(body) = rounds.body_after(&turns) else {
-            break;
-        };
-        let response = rounds.ask(body).await?;
+        let (response, last) = rounds.follow_up(&turns).await?;
         if !response.status().is_success() {
-            // The client gets the upstream's refusal of the follow-up as it came.
+            // Asked without the tool and refused again: that refusal is the answer.
             return Ok(response);
         }
         let (whole, read) = read_bounded(response.into_body(), MAX_ANSWER_BYTES).await;
@@ -287,6 +341,10 @@ pub async fn after_upstream(
         }
         answer = serde_json::from_slice(&whole)
             .map_err(|e| broken(format!("the follow-up answer is not JSON: {e}")))?;
+        if last {
+            rounds.wire.add_usage(&answer, &mut usage);
+            break;
+        }
     }
     let merged = rounds
         .wire
@@ -331,10 +389,7 @@ fn streamed_rounds(first: ProxyBody, rounds: Rounds) -> ProxyBody {
             }
             rounds.answer(&mut turn);
             turns.push(turn);
-            let Some(next) = rounds.body_after(&turns) else {
-                return;
-            };
-            body = match rounds.ask(next).await {
+            body = match rounds.follow_up(&turns).await.map(|(response, _)| response) {
                 Ok(response) if response.status().is_success() => response.into_body(),
                 Ok(response) => {
                     let status = response.status();

@@ -25,7 +25,7 @@ fn conversation() -> Vec<Value> {
         messages.push(json!({"role": "user", "content": words("question")}));
         messages.push(json!({"role": "assistant", "content": words("answer")}));
     }
-    messages.push(json!({"role": "user", "content": "What was the code in the notes?"}));
+    messages.push(json!({"role": "user", "content": "Recall the code in the notes."}));
     messages
 }
 
@@ -48,7 +48,8 @@ async fn setup(retrieval: &str) -> Setup {
     .await;
     // No identifier index: the summary loses the fact, as a real one did.
     let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 64\n  identifier_index: 0\n  trigger: {{type: tokens, value: 1500}}\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1000\n  retrieval: {retrieval}\n",
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: claude\n    api: anthropic\n    base_url: {}\n    api_key: sk-ant-operator\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 64\n  identifier_index: 0\n  trigger: {{type: tokens, value: 1500}}\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1000\n  retrieval: {retrieval}\n",
+        upstream.base_url(),
         upstream.base_url(),
         summarizer.base_url()
     );
@@ -315,4 +316,196 @@ async fn async_openai_reads_the_rounds_as_one_answer() {
     }
     assert_eq!(text, format!("Recalled: {FACT}"));
     assert!(usage.is_some(), "the rounds' usage, once");
+}
+
+// Anthropic's Messages API, as Claude Code speaks it (thinking on, streamed).
+
+fn messages_conversation() -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "user", "content": "Read the notes and remember the code in them."}),
+        json!({"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_notes", "name": "read_file",
+            "input": {"path": "notes/fact.txt"}}]}),
+        json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_notes",
+            "content": format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three")}]}),
+    ];
+    for t in 0..20 {
+        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
+        messages.push(json!({"role": "user", "content": words("question")}));
+        messages.push(
+            json!({"role": "assistant", "content": [{"type": "text", "text": words("answer")}]}),
+        );
+    }
+    messages.push(json!({"role": "user", "content": "Recall the code in the notes."}));
+    messages
+}
+
+async fn ask_messages(setup: &Setup, stream: bool, thinking: bool) -> Collected {
+    let mut body = json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "You are a careful engineer.",
+        "messages": messages_conversation(), "stream": stream,
+        "tools": [{"name": "read_file", "description": "Read a file", "input_schema": {"type": "object"}}]});
+    if thinking {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+    }
+    roundtrip(
+        &client(),
+        json_request(
+            &setup.proxy.url("/v1/messages"),
+            body.to_string(),
+            &[("anthropic-version", "2023-06-01")],
+        ),
+    )
+    .await
+}
+
+fn upstream_messages(upstream: &MockHandle) -> Vec<Value> {
+    upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.path_and_query.ends_with("/messages"))
+        .map(|r| r.json())
+        .collect()
+}
+
+/// The fact reached the second round byte for byte, in the tool result answering the first
+/// round's lookup, after the assistant turn as the model wrote it (thinking and signature too).
+fn assert_looked_up_messages(rounds: &[Value], thinking: bool) {
+    assert_eq!(rounds.len(), 2, "one lookup, one more round: {rounds:#?}");
+    assert!(rounds[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "compactor_expand"));
+    let messages = rounds[1]["messages"].as_array().unwrap();
+    let result = &messages[messages.len() - 1];
+    assert_eq!(result["role"], "user");
+    let original = format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three");
+    let content = result["content"][0]["content"].as_str().unwrap();
+    assert!(content.contains(&original), "{content}");
+    let call = &messages[messages.len() - 2];
+    assert_eq!(call["role"], "assistant");
+    let blocks = call["content"].as_array().unwrap();
+    let lookup = blocks.iter().find(|b| b["type"] == "tool_use").unwrap();
+    assert_eq!(lookup["name"], "compactor_expand");
+    assert_eq!(result["content"][0]["tool_use_id"], lookup["id"]);
+    if thinking {
+        assert_eq!(blocks[0]["type"], "thinking", "{call}");
+        assert!(!blocks[0]["signature"].as_str().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn messages_a_lookup_is_answered_whole() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask_messages(&setup, false, false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(header(&response, "x-compactor-expansions"), "1");
+    assert_looked_up_messages(&upstream_messages(&setup.upstream), false);
+    let answer = response.json();
+    assert!(!response.text().contains("compactor_expand"), "{answer}");
+    assert_eq!(answer["stop_reason"], "end_turn");
+    let text: String = answer["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    assert!(text.ends_with(&format!("Recalled: {FACT}")), "{answer}");
+}
+
+#[tokio::test]
+async fn messages_a_lookup_is_spliced_into_one_stream_with_thinking() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask_messages(&setup, true, true).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_looked_up_messages(&upstream_messages(&setup.upstream), true);
+    let text = response.text();
+    assert!(!text.contains("compactor_expand"), "{text}");
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter_map(|event| {
+            let name = event.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = event.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((name.to_string(), serde_json::from_str(data).ok()?))
+        })
+        .collect();
+    let count = |kind: &str| events.iter().filter(|(name, _)| name == kind).count();
+    assert_eq!(count("message_start"), 1, "{text}");
+    assert_eq!(count("message_delta"), 1, "{text}");
+    assert_eq!(count("message_stop"), 1, "{text}");
+    // Blocks are numbered 0, 1, 2… in the order they start, each started and stopped once.
+    let starts: Vec<u64> = events
+        .iter()
+        .filter(|(name, _)| name == "content_block_start")
+        .map(|(_, data)| data["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        starts,
+        (0..starts.len() as u64).collect::<Vec<_>>(),
+        "{text}"
+    );
+    assert_eq!(count("content_block_stop"), starts.len());
+    assert!(events
+        .iter()
+        .all(|(_, data)| data["content_block"]["type"] != "tool_use"));
+    let said: String = events
+        .iter()
+        .filter_map(|(_, data)| data["delta"]["text"].as_str())
+        .collect();
+    assert!(said.ends_with(&format!("Recalled: {FACT}")), "{said}");
+    let delta = &events
+        .iter()
+        .find(|(name, _)| name == "message_delta")
+        .unwrap()
+        .1;
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    assert_eq!(
+        delta["usage"]["output_tokens"], 80,
+        "both rounds' output: {delta}"
+    );
+}
+
+#[tokio::test]
+async fn a_follow_up_the_upstream_refuses_is_asked_again_without_the_tool() {
+    let setup = setup("{enabled: true}").await;
+    for stream in [false, true] {
+        let response = roundtrip(
+            &client(),
+            json_request(
+                &setup.proxy.url("/v1/chat/completions"),
+                chat(&conversation(), stream),
+                &[("x-mock-refuse-lookups", "1")],
+            ),
+        )
+        .await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        let text = response.text();
+        let said = if stream {
+            streamed_content(&text)
+        } else {
+            response.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(said, "Hello from the mock upstream.", "{text}");
+        assert!(!text.contains("compactor_expand"), "{text}");
+    }
+    let chats = upstream_chats(&setup.upstream);
+    // Each: the first round, the refused follow-up, the question again without the tool.
+    assert_eq!(chats.len(), 6, "{chats:#?}");
+    assert!(!declares_lookup(&chats[2]) && !declares_lookup(&chats[5]));
+}
+
+/// The content a chat stream's chunks carry, joined.
+fn streamed_content(text: &str) -> String {
+    text.split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
 }

@@ -8,9 +8,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::planner::raw_json::offset_in;
 use crate::retrieval::refs::cut_chars;
-use crate::retrieval::{Call, Part, StreamRounds, Turn, Usage, Wire};
+use crate::retrieval::{
+    appended, reference_in, with_first_member, Call, Part, StreamRounds, Turn, Usage, Wire,
+};
 use crate::served::splice::Event;
 
 pub struct ChatRetrieval;
@@ -84,34 +85,6 @@ fn calls_of(message: &Value) -> Vec<(String, String, String)> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// The `ref` a call's arguments name.
-fn reference_in(arguments: &str) -> String {
-    serde_json::from_str::<Value>(arguments)
-        .ok()
-        .and_then(|v| v.get("ref").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or_default()
-}
-
-/// `raw` (an array's JSON, at `at` in `body`) with `items` added at its end.
-fn appended(body: &[u8], raw: &RawValue, items: &str) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let start = offset_in(text, raw.get());
-    let inner = raw.get().trim_end().strip_suffix(']')?.trim_end();
-    if !inner.trim_start().starts_with('[') {
-        return None;
-    }
-    let empty = inner.trim_start() == "[";
-    let end = start + inner.len();
-    let mut out = Vec::with_capacity(body.len() + items.len() + 1);
-    out.extend_from_slice(&body[..end]);
-    if !empty {
-        out.push(b',');
-    }
-    out.extend_from_slice(items.as_bytes());
-    out.extend_from_slice(&body[end..]);
-    Some(out)
 }
 
 impl Wire for ChatRetrieval {
@@ -204,14 +177,7 @@ impl Wire for ChatRetrieval {
         let offer: Offer = serde_json::from_slice(body).ok()?;
         match offer.tools {
             Some(tools) => appended(body, tools, &tool_json(tool)),
-            None => {
-                let open = body.iter().position(|&b| b == b'{')?;
-                let mut out = Vec::with_capacity(body.len() + 512);
-                out.extend_from_slice(&body[..=open]);
-                out.extend_from_slice(format!("\"tools\":[{}],", tool_json(tool)).as_bytes());
-                out.extend_from_slice(&body[open + 1..]);
-                Some(out)
-            }
+            None => with_first_member(body, "tools", &format!("[{}]", tool_json(tool))),
         }
     }
 
@@ -225,11 +191,9 @@ impl Wire for ChatRetrieval {
                        "function": {"name": tool, "arguments": call.arguments}})
             })
             .collect();
-        let content = if turn.said.is_empty() {
-            Value::Null
-        } else {
-            Value::String(turn.said.clone())
-        };
+        // A string, empty or not: OpenAI takes null beside tool calls, llama-cpp-python's
+        // server refuses it (500).
+        let content = Value::String(turn.said.clone());
         let mut items =
             vec![json!({"role": "assistant", "content": content, "tool_calls": calls}).to_string()];
         for (call, answer) in turn.calls.iter().zip(&turn.answers) {
@@ -240,9 +204,9 @@ impl Wire for ChatRetrieval {
         appended(body, offer.messages, &items.join(","))
     }
 
-    fn lookups(&self, answer: &Value, tool: &str) -> (Vec<Call>, String) {
+    fn lookups(&self, answer: &Value, tool: &str) -> Turn {
         let Some(message) = answer.pointer("/choices/0/message") else {
-            return (Vec::new(), String::new());
+            return Turn::default();
         };
         let calls = calls_of(message)
             .into_iter()
@@ -253,7 +217,11 @@ impl Wire for ChatRetrieval {
                 arguments,
             })
             .collect();
-        (calls, text_of(message.get("content")))
+        Turn {
+            said: text_of(message.get("content")),
+            calls,
+            ..Turn::default()
+        }
     }
 
     fn add_usage(&self, answer: &Value, usage: &mut Usage) {
@@ -543,7 +511,7 @@ impl StreamRounds for ChatStream {
         Turn {
             said,
             calls: lookups,
-            answers: Vec::new(),
+            ..Turn::default()
         }
     }
 }

@@ -36,6 +36,7 @@ use crate::config::{SummaryPlacement, SummaryRole};
 
 pub mod editing;
 pub mod provider;
+pub mod retrieval;
 pub mod served;
 pub mod wire;
 

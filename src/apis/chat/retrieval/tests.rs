@@ -91,6 +91,7 @@ fn a_turn_goes_after_the_messages_as_a_call_and_its_result() {
             reference: "ref:ab".into(),
         }],
         answers: vec!["the original".into()],
+        ..Turn::default()
     };
     let out = ChatRetrieval
         .with_turn(body, "compactor_expand", &turn)
