@@ -528,6 +528,23 @@ fn lookup_blocks(request: &Value, thinking: bool) -> Option<(Vec<Value>, &'stati
         blocks.push(json!({"type": "thinking", "thinking": thought,
                            "signature": crate::anthropic::thinking_signature(&thought)}));
     }
+    let declared = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|t| t.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
+    let summary = messages
+        .iter()
+        .map(text_of)
+        .find(|text| text.contains("Here is a summary of the conversation to date"));
+    let recall = messages
+        .iter()
+        .rev()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(text_of)
+        .find(|text| !text.is_empty() && !text.contains("Here is a summary"))
+        .is_some_and(|text| text.contains("Recall"));
     let results = blocks_of(last, "tool_result");
     if !results.is_empty() {
         let looked_up = messages.iter().any(|m| {
@@ -536,6 +553,23 @@ fn lookup_blocks(request: &Value, thinking: bool) -> Option<(Vec<Value>, &'stati
                 .any(|b| b.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
         });
         if !looked_up {
+            // An agent step behind a summary: the model reads one original first, each step,
+            // then goes on with the step (what a real CLI must never see).
+            let first_ref = summary
+                .as_deref()
+                .filter(|_| declared && !recall)
+                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
+                .and_then(|line| line.split_whitespace().next())?;
+            blocks.push(
+                json!({"type": "text", "text": "Reading what the summary stands for first."}),
+            );
+            blocks.push(
+                json!({"type": "tool_use", "id": format!("toolu_lookup_{}", messages.len()),
+                               "name": LOOKUP_TOOL, "input": {"ref": format!("ref:{first_ref}")}}),
+            );
+            return Some((blocks, "tool_use"));
+        }
+        if !recall {
             return None;
         }
         let text: String = results
@@ -550,18 +584,8 @@ fn lookup_blocks(request: &Value, thinking: bool) -> Option<(Vec<Value>, &'stati
         blocks.push(json!({"type": "text", "text": format!("Recalled: {}", facts.join(" "))}));
         return Some((blocks, "end_turn"));
     }
-    let declared = request
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|t| t.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
-    let summary = messages
-        .iter()
-        .map(text_of)
-        .find(|text| text.contains("Here is a summary of the conversation to date"))?;
     let question = text_of(last);
-    match planned_lookup(&summary, &question, declared)? {
+    match planned_lookup(&summary?, &question, declared)? {
         Lookup::Call(reference) => {
             blocks.push(json!({"type": "text", "text": "Let me read the original."}));
             blocks.push(

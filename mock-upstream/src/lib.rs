@@ -434,7 +434,20 @@ async fn serve_request(
             .find(|request| request.path_and_query.ends_with("/chat/completions"))
             .and_then(|request| request.json().get("messages").cloned())
             .unwrap_or(Value::Null);
+        // compactor's lookups belong in the last two messages of its own follow-up only: one
+        // anywhere else came back from a client that saw it.
+        let lookups_in_client_history = lock(&state.recorded)
+            .iter()
+            .filter(|request| {
+                let messages = request.json().get("messages").cloned().unwrap_or_default();
+                let messages = messages.as_array().cloned().unwrap_or_default();
+                let history = &messages[..messages.len().saturating_sub(2)];
+                let call = format!("\"name\":\"{}\"", agent::LOOKUP_TOOL);
+                history.iter().any(|m| m.to_string().contains(&call))
+            })
+            .count();
         let body = json!({
+            "lookups_in_client_history": lookups_in_client_history,
             "last_messages": last_messages,
             "arrivals": state.arrivals.load(Ordering::SeqCst),
             "answered": state.chat_calls.load(Ordering::SeqCst),

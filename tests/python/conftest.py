@@ -136,7 +136,7 @@ def metric_total(compactor, name, **labels):
         text = response.read().decode()
     total = 0.0
     for line in text.splitlines():
-        if not line.startswith(name + "{"):
+        if not line.startswith((name + "{", name + " ")):
             continue
         sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
         if all(sample_labels.get(k) == v for k, v in labels.items()):

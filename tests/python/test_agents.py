@@ -156,6 +156,41 @@ def test_claude_code_with_its_defaults_is_compacted_on_later_steps(gateway, agen
     assert moved["summarized"] + moved["reused"] >= 1, moved
 
 
+@pytest.fixture(scope="module")
+def retrieving_gateway(workspace, summarizer):
+    """As `gateway`, with retrieval on, before its own agent mock: every step behind a summary,
+    that mock's model reads one original through compactor's lookup tool first."""
+    upstream = agent_mock(workspace)
+    anthropic = f"  - name: anthropic\n    api: anthropic\n    base_url: {upstream.url}/v1\n"
+    process = start_compacting(
+        upstream,
+        summarizer,
+        "[{type: tokens, value: 30000}]",
+        keep=6,
+        summary_max_tokens=1024,
+        upstreams=anthropic,
+        top_level="  retrieval: {enabled: true}\n",
+    )
+    yield process, upstream
+    process.stop()
+    upstream.stop()
+
+
+def test_claude_code_never_sees_compactors_lookups(retrieving_gateway, workspace):
+    gateway, upstream = retrieving_gateway
+    counts = Counts(gateway, upstream)
+    out = run([cli("claude"), "-p", "Investigate the notes and report what you find."], workspace, claude_env(gateway))
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert_compacted_run(counts.delta(), STEPS)
+    lookups = metric_total(gateway, "compactor_expansion_rounds_total")
+    assert lookups >= 1, "the model looked behind the summary"
+    # Claude Code never saw a lookup: none came back in the history it sent next.
+    seen = get_json(upstream.url + "/mock/stats")
+    assert seen["rejections"] == 0, seen["last_rejection"]
+    assert seen["lookups_in_client_history"] == 0
+    assert "compactor_expand" not in out
+
+
 def codex(gateway, workspace, *args):
     command = [cli("codex"), "exec", "-c", f"openai_base_url={gateway.url}/v1", *args]
     return run(command, workspace, {"CODEX_API_KEY": "sk-test"})
