@@ -297,7 +297,12 @@ fn benches(c: &mut Criterion) {
         // (folded into at most 4 calls of 24 000 tokens, the budget without a known window).
         let conversation = chat::parse(body.as_bytes()).expect("parses");
         let planned = plan(&conversation, &over, &model, false, &mut NoCache);
-        let Decision::Summarize { to_summarize, .. } = planned.decision else {
+        let Decision::Summarize {
+            to_summarize,
+            ref layout,
+            ..
+        } = planned.decision
+        else {
             panic!("expected a summarize plan");
         };
         let input_settings = InputSettings {
@@ -306,6 +311,36 @@ fn benches(c: &mut Criterion) {
             max_calls: 4,
             model,
         };
+        // What `summarization.retrieval` adds to a compacted request: the refs of the summarized
+        // messages, the index after the summary and the tool (every summarized or reused turn).
+        let splice = Splice::new(
+            &conversation,
+            layout,
+            SummaryRole::User,
+            SummaryPlacement::Auto,
+        )
+        .expect("valid");
+        let compacted = splice.apply(body.as_bytes(), &summary_text, SummaryRole::User);
+        let retrieval = compactor::config::RetrievalConfig {
+            enabled: true,
+            ..Default::default()
+        };
+        group.bench_with_input(
+            BenchmarkId::new("retrieval_prepare", label),
+            &compacted,
+            |b, compacted| {
+                b.iter(|| {
+                    black_box(compactor::retrieval::prepare(
+                        &compactor::apis::chat::retrieval::ChatRetrieval,
+                        &retrieval,
+                        body.as_bytes(),
+                        black_box(compacted),
+                        (&summary_text, splice.covered()),
+                    ))
+                    .expect("prepared")
+                })
+            },
+        );
         group.bench_with_input(
             BenchmarkId::new("summary_input", label),
             &to_summarize,

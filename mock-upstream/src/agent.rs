@@ -115,6 +115,9 @@ pub fn gemini_parts(script: &AgentScript, request: &Value, body: &[u8]) -> Vec<V
     if !reads {
         return vec![json!({"text": "Noted."})];
     }
+    if let Some(parts) = lookup_parts(request) {
+        return parts;
+    }
     let (step, action) = next_move(script, body, true, true);
     match action {
         Move::Done(steps) => vec![json!({"text": format!("AGENT-DONE steps={steps}")})],
@@ -292,9 +295,13 @@ fn response_items(script: &AgentScript, request: &Value, body: &[u8], id: &str) 
     let named = ["shell", "exec_command"]
         .into_iter()
         .find(|name| offers_tool(request, name));
+    let reasoning = request.get("reasoning").is_some_and(|r| !r.is_null());
+    if let Some(items) = lookup_items(request, reasoning, id) {
+        return items;
+    }
     let (step, action) = next_move(script, body, parallel, exec || named.is_some());
     let mut items = Vec::new();
-    if request.get("reasoning").is_some_and(|r| !r.is_null()) {
+    if reasoning {
         items.push(
             json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
                           "encrypted_content": format!("enc-step-{step}")}),
@@ -360,23 +367,66 @@ pub fn response_reply(
         sequence += 1;
         event(kind, data)
     };
-    let mut events = vec![typed(
-        "response.created",
-        json!({"response": response("in_progress", json!([]), Value::Null)}),
-    )];
+    let mut events = vec![
+        typed(
+            "response.created",
+            json!({"response": response("in_progress", json!([]), Value::Null)}),
+        ),
+        typed(
+            "response.in_progress",
+            json!({"response": response("in_progress", json!([]), Value::Null)}),
+        ),
+    ];
     for (index, item) in items.iter().enumerate() {
         let mut added = item.clone();
         added["status"] = json!("in_progress");
         if item["type"] == "message" {
             added["content"] = json!([]);
         }
+        if item["type"] == "function_call" {
+            added["arguments"] = json!("");
+        }
         events.push(typed(
             "response.output_item.added",
             json!({"output_index": index, "item": added}),
         ));
+        let at = json!({"item_id": item["id"], "output_index": index});
+        let with = |mut extra: Value| {
+            for (key, value) in at.as_object().into_iter().flatten() {
+                extra[key] = value.clone();
+            }
+            extra
+        };
         if item["type"] == "message" {
             let text = &item["content"][0]["text"];
-            events.push(typed("response.output_text.delta", json!({"item_id": item["id"], "output_index": index, "content_index": 0, "delta": text, "logprobs": []})));
+            let empty = json!({"type": "output_text", "text": "", "annotations": []});
+            events.push(typed(
+                "response.content_part.added",
+                with(json!({"content_index": 0, "part": empty})),
+            ));
+            events.push(typed(
+                "response.output_text.delta",
+                with(json!({"content_index": 0, "delta": text, "logprobs": []})),
+            ));
+            events.push(typed(
+                "response.output_text.done",
+                with(json!({"content_index": 0, "text": text, "logprobs": []})),
+            ));
+            events.push(typed(
+                "response.content_part.done",
+                with(json!({"content_index": 0, "part": item["content"][0]})),
+            ));
+        }
+        if item["type"] == "function_call" {
+            let arguments = &item["arguments"];
+            events.push(typed(
+                "response.function_call_arguments.delta",
+                with(json!({"delta": arguments})),
+            ));
+            events.push(typed(
+                "response.function_call_arguments.done",
+                with(json!({"arguments": arguments})),
+            ));
         }
         events.push(typed(
             "response.output_item.done",
@@ -474,6 +524,47 @@ pub fn carries_lookup(request: &Value) -> bool {
         .any(|c| c.pointer("/function/name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
 }
 
+/// Whether a request's history holds a call of compactor's lookup tool anywhere but in the
+/// rounds compactor itself appends at its end (chat, Messages, Gemini: the last two turns;
+/// Responses: the trailing run of the model's items and the lookups' outputs): one anywhere
+/// else came back from a client that saw it.
+pub fn lookup_in_client_history(request: &Value) -> bool {
+    let call = format!("\"name\":\"{LOOKUP_TOOL}\"");
+    let turns = request
+        .get("messages")
+        .or_else(|| request.get("contents"))
+        .and_then(Value::as_array);
+    if let Some(messages) = turns {
+        let history = &messages[..messages.len().saturating_sub(2)];
+        return history.iter().any(|m| m.to_string().contains(&call));
+    }
+    let Some(items) = request.get("input").and_then(Value::as_array) else {
+        return false;
+    };
+    let lookup_ids: Vec<&str> = items
+        .iter()
+        .filter(|i| i.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
+        .filter_map(|i| i.get("call_id").and_then(Value::as_str))
+        .collect();
+    let compactors = |item: &Value| {
+        let kind = item
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message");
+        let call_id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "reasoning" => true,
+            "message" => item.get("role").and_then(Value::as_str) == Some("assistant"),
+            "function_call" | "function_call_output" => lookup_ids.contains(&call_id),
+            _ => false,
+        }
+    };
+    let tail = items.iter().rev().take_while(|i| compactors(i)).count();
+    items[..items.len() - tail]
+        .iter()
+        .any(|i| i.to_string().contains(&call))
+}
+
 /// What a model that needs the planted facts does on a user turn asking to recall them.
 enum Lookup {
     /// Call the lookup tool with this ref.
@@ -505,6 +596,168 @@ fn planned_lookup(summary: &str, question: &str, declared: bool) -> Option<Looku
         .or(refs.first())?;
     let id = pick.split_whitespace().next()?;
     Some(Lookup::Call(format!("ref:{id}")))
+}
+
+/// Responses: as [`lookup_blocks`], in output items (a reasoning item first when the request
+/// asks for reasoning); None when the step is not about compactor's lookups.
+fn lookup_items(request: &Value, reasoning: bool, id: &str) -> Option<Vec<Value>> {
+    let items = request.get("input")?.as_array()?;
+    let last = items.last()?;
+    let kind = |item: &Value| {
+        item.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message")
+            .to_string()
+    };
+    let mut out = Vec::new();
+    if reasoning {
+        out.push(
+            json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
+                        "encrypted_content": "enc-lookup"}),
+        );
+    }
+    let message = |text: &str| {
+        json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    };
+    let call = |reference: String| {
+        json!({"type": "function_call", "id": format!("fc_{id}"), "status": "completed",
+               "call_id": format!("call_lookup_{}", items.len()), "name": LOOKUP_TOOL,
+               "arguments": json!({"ref": reference}).to_string()})
+    };
+    let declared = offers_tool(request, LOOKUP_TOOL);
+    let summary = items
+        .iter()
+        .map(text_of)
+        .find(|text| text.contains("Here is a summary of the conversation to date"));
+    let recall = items
+        .iter()
+        .rev()
+        .filter(|i| kind(i) == "message" && i.get("role").and_then(Value::as_str) == Some("user"))
+        .map(text_of)
+        .find(|text| !text.is_empty() && !text.contains("Here is a summary"))
+        .is_some_and(|text| text.contains("Recall"));
+    if kind(last).ends_with("_output") {
+        let looked_up = items.iter().any(|i| {
+            kind(i) == "function_call" && i.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL)
+        });
+        if !looked_up {
+            // An agent step behind a summary: the model reads one original first, each step,
+            // then goes on with the step (what a real CLI must never see).
+            let first_ref = summary
+                .as_deref()
+                .filter(|_| declared && !recall)
+                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
+                .and_then(|line| line.split_whitespace().next())?;
+            out.push(message("Reading what the summary stands for first."));
+            out.push(call(format!("ref:{first_ref}")));
+            return Some(out);
+        }
+        if !recall {
+            return None;
+        }
+        let output = match last.get("output") {
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        out.push(message(&format!(
+            "Recalled: {}",
+            facts_in(&output).join(" ")
+        )));
+        return Some(out);
+    }
+    match planned_lookup(&summary?, &text_of(last), declared)? {
+        Lookup::Call(reference) => {
+            out.push(message("Let me read the original."));
+            out.push(call(reference));
+        }
+        Lookup::Answer(text) => out.push(message(&text)),
+    }
+    Some(out)
+}
+
+/// Gemini: as [`lookup_blocks`], in parts; the lookup's call signed as Google signs a turn's
+/// first call, so a lookup turn sent back without its signature is refused.
+fn lookup_parts(request: &Value) -> Option<Vec<Value>> {
+    let turns = request.get("contents")?.as_array()?;
+    let last = turns.last()?;
+    let parts_of = |turn: &Value| -> Vec<Value> {
+        turn.get("parts")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let text = |turn: &Value| -> String {
+        parts_of(turn)
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let declared = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|tool| tool.get("functionDeclarations").and_then(Value::as_array))
+        .flatten()
+        .any(|d| d.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
+    let summary = turns
+        .iter()
+        .map(text)
+        .find(|t| t.contains("Here is a summary of the conversation to date"));
+    let recall = turns
+        .iter()
+        .rev()
+        .filter(|t| t.get("role").and_then(Value::as_str) != Some("model"))
+        .map(text)
+        .find(|t| !t.is_empty() && !t.contains("Here is a summary"))
+        .is_some_and(|t| t.contains("Recall"));
+    let call = |reference: String| {
+        let id = format!("{STEP_MARK}lookup_{}", turns.len());
+        json!({"functionCall": {"name": LOOKUP_TOOL, "args": {"ref": reference}, "id": id},
+               "thoughtSignature": crate::gemini::signature(&id)})
+    };
+    let responses: Vec<Value> = parts_of(last)
+        .into_iter()
+        .filter_map(|p| p.get("functionResponse").cloned())
+        .collect();
+    if !responses.is_empty() {
+        let looked_up = turns.iter().any(|turn| {
+            parts_of(turn).iter().any(|p| {
+                p.pointer("/functionCall/name").and_then(Value::as_str) == Some(LOOKUP_TOOL)
+            })
+        });
+        if !looked_up {
+            let first_ref = summary
+                .as_deref()
+                .filter(|_| declared && !recall)
+                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
+                .and_then(|line| line.split_whitespace().next())?;
+            return Some(vec![
+                json!({"text": "Reading what the summary stands for first."}),
+                call(format!("ref:{first_ref}")),
+            ]);
+        }
+        if !recall {
+            return None;
+        }
+        let output: String = responses
+            .iter()
+            .map(|r| r["response"].to_string())
+            .collect();
+        return Some(vec![
+            json!({"text": format!("Recalled: {}", facts_in(&output).join(" "))}),
+        ]);
+    }
+    match planned_lookup(&summary?, &text(last), declared)? {
+        Lookup::Call(reference) => Some(vec![
+            json!({"text": "Let me read the original."}),
+            call(reference),
+        ]),
+        Lookup::Answer(answer) => Some(vec![json!({"text": answer})]),
+    }
 }
 
 /// Messages: as [`lookup_reply`], in blocks (a thinking block first when the request asks for

@@ -218,6 +218,36 @@ pub fn turn(by: Answerer<'_>, parts: Vec<Value>) -> Value {
     response
 }
 
+/// A model turn streamed as Google streams one: a chunk per text part, then the other parts
+/// with the finish and the usage.
+pub fn turn_chunks(turn: &Value) -> Vec<Value> {
+    let parts = turn
+        .pointer("/candidates/0/content/parts")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let (texts, rest): (Vec<Value>, Vec<Value>) =
+        parts.into_iter().partition(|p| p.get("text").is_some());
+    let mut chunks: Vec<Value> = texts
+        .into_iter()
+        .map(|part| {
+            let mut chunk = turn.clone();
+            chunk["candidates"][0]["content"]["parts"] = json!([part]);
+            if let Some(candidate) = chunk["candidates"][0].as_object_mut() {
+                candidate.remove("finishReason");
+            }
+            if let Some(object) = chunk.as_object_mut() {
+                object.remove("usageMetadata");
+            }
+            chunk
+        })
+        .collect();
+    let mut last = turn.clone();
+    last["candidates"][0]["content"]["parts"] = Value::Array(rest);
+    chunks.push(last);
+    chunks
+}
+
 /// The answer streamed: two chunks.
 pub fn stream_chunks(by: Answerer<'_>) -> Vec<Value> {
     let (first, rest) = REPLY.split_at(6);

@@ -438,13 +438,7 @@ async fn serve_request(
         // anywhere else came back from a client that saw it.
         let lookups_in_client_history = lock(&state.recorded)
             .iter()
-            .filter(|request| {
-                let messages = request.json().get("messages").cloned().unwrap_or_default();
-                let messages = messages.as_array().cloned().unwrap_or_default();
-                let history = &messages[..messages.len().saturating_sub(2)];
-                let call = format!("\"name\":\"{}\"", agent::LOOKUP_TOOL);
-                history.iter().any(|m| m.to_string().contains(&call))
-            })
+            .filter(|request| agent::lookup_in_client_history(&request.json()))
             .count();
         let body = json!({
             "lookups_in_client_history": lookups_in_client_history,
@@ -1024,11 +1018,13 @@ fn gemini_reply(
         .then(|| gemini::turn(by, agent::gemini_parts(&options.agent, &request, body)));
     let sse = query.split('&').any(|pair| pair == "alt=sse");
     match (method, agent_turn) {
-        ("streamGenerateContent", Some(turn)) if sse => full(
-            StatusCode::OK,
-            "text/event-stream",
-            format!("data: {turn}\r\n\r\n"),
-        ),
+        ("streamGenerateContent", Some(turn)) if sse => {
+            let events: String = gemini::turn_chunks(&turn)
+                .iter()
+                .map(|chunk| format!("data: {chunk}\r\n\r\n"))
+                .collect();
+            full(StatusCode::OK, "text/event-stream", events)
+        }
         ("streamGenerateContent", Some(turn)) => full(
             StatusCode::OK,
             "application/json",

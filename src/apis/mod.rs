@@ -71,7 +71,8 @@ impl Api {
         match self {
             Api::ChatCompletions => Some(&chat::retrieval::ChatRetrieval),
             Api::Messages => Some(&messages::retrieval::MessagesRetrieval),
-            Api::Responses | Api::Gemini => None,
+            Api::Responses => Some(&responses::retrieval::ResponsesRetrieval),
+            Api::Gemini => Some(&gemini::retrieval::GeminiRetrieval),
         }
     }
 

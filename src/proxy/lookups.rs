@@ -38,6 +38,14 @@ pub(super) fn offer(
 ) -> Option<Rounds> {
     let settings = settings(current, facts);
     let wire = facts.retrieval.filter(|_| settings.enabled)?;
+    let at = outgoing
+        .target
+        .uri
+        .path_and_query()
+        .map_or("", |p| p.as_str());
+    if !wire.offers_at(at) {
+        return None;
+    }
     let compacted = compacting.compacted.as_mut()?;
     let summarized = matches!(
         compacted.outcome.kind,

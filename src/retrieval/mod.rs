@@ -69,6 +69,12 @@ pub trait Wire: Sync {
     /// Whether this request can be offered the tool: one choice, and a tool choice that lets
     /// the model call it.
     fn offers(&self, body: &[u8]) -> bool;
+    /// Whether an answer to a request at `path_and_query` can be read in rounds (a stream
+    /// that is not events cannot).
+    fn offers_at(&self, path_and_query: &str) -> bool {
+        let _ = path_and_query;
+        true
+    }
     /// `body` with the tool added to its tools.
     fn with_tool(&self, body: &[u8], tool: &str) -> Option<Vec<u8>>;
     /// `body` with a round's calls and answers after its messages.
@@ -82,6 +88,17 @@ pub trait Wire: Sync {
     fn merged(&self, first: &Value, said: &str, last: Value, usage: &Usage, tool: &str) -> Value;
     /// A stream's reader across rounds.
     fn stream(&self, tool: &str) -> Box<dyn StreamRounds>;
+    /// A follow-up refused or failed mid-stream (`status` the upstream's, or 502), as this
+    /// API's stream carries an error; chat's form by default.
+    fn failure(&self, status: u16, message: &str) -> Vec<u8> {
+        let _ = status;
+        let data = serde_json::json!({"error": {
+            "message": message,
+            "type": "upstream_error",
+            "code": "expansion_failed",
+        }});
+        format!("data: {data}\n\n").into_bytes()
+    }
 }
 
 /// An event stream read across rounds: what the client gets of each as it comes.
@@ -346,6 +363,13 @@ pub async fn after_upstream(
             break;
         }
     }
+    if turns.is_empty() {
+        // No lookup: the answer as it came, byte for byte.
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+        return Ok(Response::from_parts(parts, body::full(whole)));
+    }
     let merged = rounds
         .wire
         .merged(&first_answer, &said, answer, &usage, &tool);
@@ -395,11 +419,15 @@ fn streamed_rounds(first: ProxyBody, rounds: Rounds) -> ProxyBody {
                     let status = response.status();
                     let (whole, _) = read_bounded(response.into_body(), 64 * 1024).await;
                     let text = String::from_utf8_lossy(&whole).into_owned();
-                    let _ = sender.send(Ok(error_event(status.as_u16(), &text))).await;
+                    let _ = sender
+                        .send(Ok(error_event(rounds.wire, status.as_u16(), &text)))
+                        .await;
                     return;
                 }
                 Err(error) => {
-                    let _ = sender.send(Ok(error_event(502, &error.to_string()))).await;
+                    let _ = sender
+                        .send(Ok(error_event(rounds.wire, 502, &error.to_string())))
+                        .await;
                     return;
                 }
             };
@@ -434,15 +462,10 @@ async fn relay_round(
     }
 }
 
-/// A follow-up refused or failed mid-stream: an error event, as OpenAI streams one.
-fn error_event(status: u16, text: &str) -> Bytes {
+/// A follow-up refused or failed mid-stream: an error event in the API's own form.
+fn error_event(wire: &dyn Wire, status: u16, text: &str) -> Bytes {
     let message = format!("compactor's follow-up after a lookup failed ({status}): {text}");
-    let data = serde_json::json!({"error": {
-        "message": refs::cut_chars(&message, 2000),
-        "type": "upstream_error",
-        "code": "expansion_failed",
-    }});
-    Bytes::from(format!("data: {data}\n\n"))
+    Bytes::from(wire.failure(status, &refs::cut_chars(&message, 2000)))
 }
 
 /// The API's stream reader as the event cutter's splice.

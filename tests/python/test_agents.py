@@ -12,6 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import openai
 import pytest
 
 from conftest import BIN_DIR, ROOT, Process, get_json, metric_total, start_compacting
@@ -194,6 +195,64 @@ def test_claude_code_never_sees_compactors_lookups(retrieving_gateway, workspace
 def codex(gateway, workspace, *args):
     command = [cli("codex"), "exec", "-c", f"openai_base_url={gateway.url}/v1", *args]
     return run(command, workspace, {"CODEX_API_KEY": "sk-test"})
+
+
+def test_codex_never_sees_compactors_lookups(retrieving_gateway, workspace):
+    """Codex streams every step with reasoning items: a lookup's round is held back and spliced
+    out of the stream, and what Codex keeps of it (the reasoning and what the model said) is
+    history OpenAI takes back."""
+    gateway, upstream = retrieving_gateway
+    before = metric_total(gateway, "compactor_expansion_rounds_total")
+    counts = Counts(gateway, upstream)
+    out = codex(gateway, workspace, "Investigate the notes and report what you find.")
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert_compacted_run(counts.delta(), STEPS)
+    assert metric_total(gateway, "compactor_expansion_rounds_total") - before >= 1, "the model looked behind the summary"
+    seen = get_json(upstream.url + "/mock/stats")
+    assert seen["rejections"] == 0, seen["last_rejection"]
+    assert seen["lookups_in_client_history"] == 0
+    assert "compactor_expand" not in out
+
+
+def test_the_openai_stream_helper_reads_a_lookup_round_as_one_response(retrieving_gateway, summarizer):
+    """openai-python's `responses.stream` checks every event against the response it builds
+    (each delta names an item it was given, in order): the lookup's round spliced out of the
+    stream leaves one response it accepts, and its output is history the upstream takes back."""
+    _, upstream = retrieving_gateway
+    # No identifier index: the summary loses the planted fact, and the model looks it up.
+    gateway = start_compacting(
+        upstream, summarizer, "[{type: tokens, value: 1500}]", keep=4,
+        top_level="  identifier_index: 0\n  retrieval: {enabled: true}\n",
+    )
+    fact = "FACT-9XK2P"
+    items = [
+        {"role": "user", "content": "Read the notes and remember the code in them."},
+        {"type": "function_call", "call_id": "call_notes", "name": "read_file", "arguments": '{"path": "notes/fact.txt"}'},
+        {"type": "function_call_output", "call_id": "call_notes", "output": f"the code is {fact}"},
+    ]
+    for t in range(20):
+        items.append({"role": "user", "content": f"question {t}: " + "the parser drops a token " * 12})
+        items.append({"role": "assistant", "content": f"answer {t}: " + "the parser drops a token " * 12})
+    items.append({"role": "user", "content": "Recall the code in the notes."})
+    tools = [{"type": "function", "name": "read_file", "strict": False, "parameters": {"type": "object", "properties": {}}}]
+    try:
+        before = get_json(upstream.url + "/mock/stats")["rejections"]
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test")
+        with client.responses.stream(
+            model="gpt-5-codex", input=items, tools=tools, reasoning={"effort": "low"}, store=False
+        ) as stream:
+            kinds = [event.type for event in stream]
+            final = stream.get_final_response()
+        assert metric_total(gateway, "compactor_expansion_rounds_total") == 1
+        assert kinds.count("response.created") == 1 and kinds.count("response.completed") == 1
+        assert final.output_text.endswith(f"Recalled: {fact}"), final.output_text
+        assert [item.type for item in final.output] == ["reasoning", "message", "reasoning", "message"]
+        history = items + [item.model_dump(exclude_none=True) for item in final.output]
+        client.responses.create(model="gpt-5-codex", input=history + [{"role": "user", "content": "Thanks."}], tools=tools)
+        seen = get_json(upstream.url + "/mock/stats")
+        assert seen["rejections"] == before, seen["last_rejection"]
+    finally:
+        gateway.stop()
 
 
 def test_codex_with_its_built_in_provider_is_compacted_on_later_steps(gateway, agent_upstream, workspace):

@@ -254,3 +254,33 @@ def test_the_gemini_cli_runs_a_tool_loop_through_compactor_compacted(gemini_agen
     assert counted("reused") >= 1
     assert counted("failed") == 0
 
+
+
+def test_the_gemini_cli_never_sees_compactors_lookups(gemini_agent, tmp_path):
+    """The same loop with retrieval on: behind a summary, the mock's model reads one original
+    through compactor's lookup tool at every step, signed as Google signs a call. The CLI
+    makes the same requests and never gets a call of a tool it does not have."""
+    mock, _, notes = gemini_agent
+    extra = (
+        "  - name: gemini\n"
+        "    api: gemini\n"
+        f"    base_url: {mock.url}\n"
+        "    api_key: g-upstream\n"
+    )
+    proxy = start_compactor(mock.url, extra=extra, summarization=GEMINI_COMPACTION + "  retrieval: {enabled: true}\n")
+    try:
+        run = run_gemini_cli(proxy.url, tmp_path, "--yolo", "-p", "Read the notes and follow the trail.", cwd=notes)
+        assert run.returncode == 0, run.stderr[-3000:]
+        output = json.loads(run.stdout)
+        # What the model said before its last lookup reached the CLI, as it would have.
+        assert output["response"].endswith(f"AGENT-DONE steps={AGENT_STEPS}"), output["response"]
+        calls = output["stats"]["models"].values()
+        assert sum(model["api"]["totalErrors"] for model in calls) == 0
+        assert sum(model["api"]["totalRequests"] for model in calls) == AGENT_STEPS + 2
+        assert metric_total(proxy, "compactor_expansion_rounds_total") >= 1, "the model looked behind the summary"
+        stats = get_json(f"{mock.url}/mock/stats")
+        assert stats["rejections"] == 0, stats["last_rejection"]
+        assert stats["lookups_in_client_history"] == 0
+        assert "compactor_expand" not in run.stdout
+    finally:
+        proxy.stop()

@@ -48,9 +48,10 @@ async fn setup(retrieval: &str) -> Setup {
     .await;
     // No identifier index: the summary loses the fact, as a real one did.
     let yaml = format!(
-        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: claude\n    api: anthropic\n    base_url: {}\n    api_key: sk-ant-operator\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 64\n  identifier_index: 0\n  trigger: {{type: tokens, value: 1500}}\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1000\n  retrieval: {retrieval}\n",
+        "upstreams:\n  - name: mock\n    base_url: {}\n  - name: claude\n    api: anthropic\n    base_url: {}\n    api_key: sk-ant-operator\n  - name: gemini\n    api: gemini\n    base_url: {}\n    api_key: g-operator\n  - name: summarizer\n    base_url: {}\n    models: [\"summarizer-*\"]\nsummarization:\n  enabled: true\n  upstream: summarizer\n  model_name: summarizer-model\n  summary_max_tokens: 64\n  identifier_index: 0\n  trigger: {{type: tokens, value: 1500}}\n  keep: {{type: messages, value: 4}}\n  max_calls_per_minute_per_tenant: 1000\n  retrieval: {retrieval}\n",
         upstream.base_url(),
         upstream.base_url(),
+        upstream.base_url().trim_end_matches("/v1"),
         summarizer.base_url()
     );
     Setup {
@@ -508,4 +509,354 @@ fn streamed_content(text: &str) -> String {
                 .map(str::to_string)
         })
         .collect()
+}
+
+// OpenAI's Responses API, as Codex speaks it (reasoning on, streamed).
+
+fn responses_conversation() -> Vec<Value> {
+    let mut items = vec![
+        json!({"role": "user", "content": [{"type": "input_text", "text": "Read the notes and remember the code in them."}]}),
+        json!({"type": "function_call", "id": "fc_notes", "call_id": "call_notes", "name": "read_file",
+            "arguments": "{\"path\":\"notes/fact.txt\"}"}),
+        json!({"type": "function_call_output", "call_id": "call_notes",
+            "output": format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three")}),
+    ];
+    for t in 0..20 {
+        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
+        items.push(json!({"role": "user", "content": words("question")}));
+        items.push(json!({"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": words("answer")}]}));
+    }
+    items.push(json!({"role": "user", "content": "Recall the code in the notes."}));
+    items
+}
+
+fn responses_body(input: &[Value], stream: bool) -> String {
+    json!({"model": "gpt-5-codex", "instructions": "You are a careful engineer.", "input": input,
+        "stream": stream, "reasoning": {"effort": "low"}, "store": false,
+        "tools": [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}]})
+    .to_string()
+}
+
+async fn ask_responses(setup: &Setup, input: &[Value], stream: bool) -> Collected {
+    roundtrip(
+        &client(),
+        json_request(
+            &setup.proxy.url("/v1/responses"),
+            responses_body(input, stream),
+            &[],
+        ),
+    )
+    .await
+}
+
+fn upstream_responses(upstream: &MockHandle) -> Vec<Value> {
+    upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.path_and_query.ends_with("/responses"))
+        .map(|r| r.json())
+        .collect()
+}
+
+/// The fact reached the second round byte for byte, in the output answering the first round's
+/// lookup, after the round's items as the model produced them (its reasoning first).
+fn assert_looked_up_responses(rounds: &[Value]) {
+    assert_eq!(rounds.len(), 2, "one lookup, one more round: {rounds:#?}");
+    assert!(rounds[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "compactor_expand" && t["type"] == "function"));
+    let input = rounds[1]["input"].as_array().unwrap();
+    let result = &input[input.len() - 1];
+    assert_eq!(result["type"], "function_call_output");
+    let original = format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three");
+    assert!(
+        result["output"].as_str().unwrap().contains(&original),
+        "{result}"
+    );
+    let call = &input[input.len() - 2];
+    assert_eq!(call["type"], "function_call");
+    assert_eq!(call["name"], "compactor_expand");
+    assert_eq!(call["call_id"], result["call_id"]);
+    assert_eq!(input[input.len() - 4]["type"], "reasoning", "{input:#?}");
+}
+
+/// What the client sends next, its history grown by the answer's output, is a request the
+/// upstream takes, and holds none of compactor's lookups.
+async fn assert_next_turn_is_taken(setup: &Setup, output: &[Value]) {
+    let mut input = responses_conversation();
+    input.extend(output.iter().cloned());
+    input.push(json!({"role": "user", "content": "Thanks. What next?"}));
+    let next = ask_responses(setup, &input, false).await;
+    assert_eq!(next.status, 200, "{}", next.text());
+    assert_eq!(setup.upstream.rejections(), 0);
+    let from_client = upstream_responses(&setup.upstream)
+        .iter()
+        .filter(|r| mock_upstream::agent::lookup_in_client_history(r))
+        .count();
+    assert_eq!(from_client, 0);
+}
+
+#[tokio::test]
+async fn responses_a_lookup_is_answered_whole() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask_responses(&setup, &responses_conversation(), false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(header(&response, "x-compactor-expansions"), "1");
+    let rounds = upstream_responses(&setup.upstream);
+    assert_looked_up_responses(&rounds);
+    assert!(!response.text().contains("compactor_expand"));
+    let answer = response.json();
+    let output = answer["output"].as_array().unwrap().clone();
+    let kinds: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    // What the first round said, then the second round's reasoning and answer.
+    assert_eq!(kinds, ["message", "reasoning", "message"], "{answer}");
+    let text = output[2]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(text, format!("Recalled: {FACT}"));
+    let tokens = |r: &Value| (r.to_string().len() / 4) as u64;
+    let input_sum = tokens(&rounds[0]) + tokens(&rounds[1]);
+    let usage = &answer["usage"];
+    assert_eq!(usage["output_tokens"], 80, "{usage}");
+    assert!(
+        usage["input_tokens"].as_u64().unwrap() <= input_sum,
+        "{usage}"
+    );
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["input_tokens"].as_u64().unwrap() + 80)
+    );
+    assert_next_turn_is_taken(&setup, &output).await;
+}
+
+#[tokio::test]
+async fn responses_a_lookup_is_spliced_into_one_stream() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask_responses(&setup, &responses_conversation(), true).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_looked_up_responses(&upstream_responses(&setup.upstream));
+    let text = response.text();
+    assert!(!text.contains("compactor_expand"), "{text}");
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter_map(|event| {
+            let name = event.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = event.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((name.to_string(), serde_json::from_str(data).ok()?))
+        })
+        .filter(|(name, _)| name.starts_with("response."))
+        .collect();
+    let count = |kind: &str| events.iter().filter(|(name, _)| name == kind).count();
+    assert_eq!(count("response.created"), 1, "{text}");
+    assert_eq!(count("response.in_progress"), 1, "{text}");
+    assert_eq!(count("response.completed"), 1, "{text}");
+    let sequence: Vec<u64> = events
+        .iter()
+        .map(|(_, data)| data["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sequence, (0..events.len() as u64).collect::<Vec<_>>());
+    // Items are numbered 0, 1, 2… in the order they are added; every event names one added.
+    let added: Vec<&Value> = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_item.added")
+        .map(|(_, data)| data)
+        .collect();
+    let indexes: Vec<u64> = added
+        .iter()
+        .map(|d| d["output_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, (0..added.len() as u64).collect::<Vec<_>>());
+    for (_, data) in &events {
+        if let Some(index) = data["output_index"].as_u64() {
+            assert!(index < added.len() as u64, "{data}");
+        }
+    }
+    let done: Vec<Value> = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_item.done")
+        .map(|(_, data)| data["item"].clone())
+        .collect();
+    let completed = &events
+        .iter()
+        .find(|(name, _)| name == "response.completed")
+        .unwrap()
+        .1["response"];
+    let created = &events[0].1["response"];
+    assert_eq!(completed["id"], created["id"]);
+    assert_eq!(completed["output"], Value::Array(done.clone()));
+    let kinds: Vec<&str> = done.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    // Each round's reasoning went out with the message it led to.
+    assert_eq!(
+        kinds,
+        ["reasoning", "message", "reasoning", "message"],
+        "{text}"
+    );
+    let said: String = events
+        .iter()
+        .filter_map(|(_, data)| data["delta"].as_str())
+        .collect();
+    assert!(said.ends_with(&format!("Recalled: {FACT}")), "{said}");
+    assert_eq!(
+        completed["usage"]["output_tokens"], 80,
+        "both rounds' output"
+    );
+    assert_next_turn_is_taken(&setup, &done).await;
+}
+
+// Google's Gemini API, as the Gemini CLI speaks it (streamed as events).
+
+fn gemini_conversation() -> Vec<Value> {
+    let mut turns = vec![
+        json!({"role": "user", "parts": [{"text": "Read the notes and remember the code in them."}]}),
+        json!({"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {"path": "notes/fact.txt"}},
+            "thoughtSignature": "c2lnLWNsaWVudA"}]}),
+        json!({"role": "user", "parts": [{"functionResponse": {"name": "read_file",
+            "response": {"output": format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three")}}}]}),
+    ];
+    for t in 0..20 {
+        let words = |who: &str| format!("{who} {t}: ") + &"the parser drops a token ".repeat(12);
+        turns.push(json!({"role": "user", "parts": [{"text": words("question")}]}));
+        turns.push(json!({"role": "model", "parts": [{"text": words("answer")}]}));
+    }
+    turns.push(json!({"role": "user", "parts": [{"text": "Recall the code in the notes."}]}));
+    turns
+}
+
+async fn ask_gemini(setup: &Setup, contents: &[Value], stream: bool) -> Collected {
+    let body = json!({"contents": contents, "systemInstruction": {"parts": [{"text": "You are a careful engineer."}]},
+        "tools": [{"functionDeclarations": [{"name": "read_file", "parameters": {"type": "object"}}]}]});
+    let path = if stream {
+        "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    } else {
+        "/v1beta/models/gemini-2.5-pro:generateContent"
+    };
+    roundtrip(
+        &client(),
+        json_request(&setup.proxy.url(path), body.to_string(), &[]),
+    )
+    .await
+}
+
+fn upstream_gemini(upstream: &MockHandle) -> Vec<Value> {
+    upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.path_and_query.contains("/models/gemini-2.5-pro:"))
+        .map(|r| r.json())
+        .collect()
+}
+
+/// The fact reached the second round byte for byte, in the function response answering the
+/// first round's lookup, after the model turn as the model wrote it (its signature kept: the
+/// mock refuses the turn without it).
+fn assert_looked_up_gemini(rounds: &[Value]) {
+    assert_eq!(rounds.len(), 2, "one lookup, one more round: {rounds:#?}");
+    let declared = rounds[0]["tools"][0]["functionDeclarations"]
+        .as_array()
+        .unwrap();
+    assert!(declared.iter().any(|d| d["name"] == "compactor_expand"));
+    assert_eq!(rounds[0]["tools"].as_array().unwrap().len(), 1);
+    let turns = rounds[1]["contents"].as_array().unwrap();
+    let result = &turns[turns.len() - 1]["parts"][0]["functionResponse"];
+    let original = format!("line one of the notes\nthe code is {FACT} \"quoted\" é\nline three");
+    assert!(
+        result["response"]["output"]
+            .as_str()
+            .unwrap()
+            .contains(&original),
+        "{result}"
+    );
+    let call = &turns[turns.len() - 2];
+    assert_eq!(call["role"], "model");
+    let lookup = call["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p.get("functionCall").is_some())
+        .unwrap();
+    assert_eq!(lookup["functionCall"]["name"], "compactor_expand");
+    assert!(lookup["thoughtSignature"].is_string(), "{call}");
+}
+
+#[tokio::test]
+async fn gemini_a_lookup_is_answered_whole() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask_gemini(&setup, &gemini_conversation(), false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    assert_eq!(header(&response, "x-compactor-expansions"), "1");
+    assert_looked_up_gemini(&upstream_gemini(&setup.upstream));
+    assert_eq!(setup.upstream.rejections(), 0);
+    assert!(!response.text().contains("compactor_expand"));
+    let answer = response.json();
+    let text: String = answer["candidates"][0]["content"]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["text"].as_str())
+        .collect();
+    assert!(text.ends_with(&format!("Recalled: {FACT}")), "{answer}");
+    let usage = &answer["usageMetadata"];
+    assert_eq!(usage["candidatesTokenCount"], 8, "both rounds': {usage}");
+}
+
+#[tokio::test]
+async fn gemini_a_lookup_is_spliced_into_one_stream() {
+    let setup = setup("{enabled: true}").await;
+    let response = ask_gemini(&setup, &gemini_conversation(), true).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_looked_up_gemini(&upstream_gemini(&setup.upstream));
+    assert_eq!(setup.upstream.rejections(), 0);
+    let text = response.text();
+    assert!(!text.contains("compactor_expand"), "{text}");
+    let chunks: Vec<Value> = text
+        .split("\r\n\r\n")
+        .filter_map(|event| event.trim().strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .filter(|chunk: &Value| chunk.get("candidates").is_some())
+        .collect();
+    let finishes = chunks
+        .iter()
+        .filter(|c| c["candidates"][0].get("finishReason").is_some())
+        .count();
+    assert_eq!(finishes, 1, "{text}");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["candidates"][0]["finishReason"], "STOP");
+    assert_eq!(last["usageMetadata"]["candidatesTokenCount"], 8, "{last}");
+    let said: String = chunks
+        .iter()
+        .flat_map(|c| {
+            c["candidates"][0]["content"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect();
+    assert!(said.ends_with(&format!("Recalled: {FACT}")), "{said}");
+    assert!(said.starts_with("Let me read the original."), "{said}");
+}
+
+#[tokio::test]
+async fn gemini_a_stream_without_events_is_not_offered_the_tool() {
+    let setup = setup("{enabled: true}").await;
+    let body = json!({"contents": gemini_conversation()});
+    let response = roundtrip(
+        &client(),
+        json_request(
+            &setup
+                .proxy
+                .url("/v1beta/models/gemini-2.5-pro:streamGenerateContent"),
+            body.to_string(),
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(outcome(&response), "summarized");
+    let rounds = upstream_gemini(&setup.upstream);
+    assert_eq!(rounds.len(), 1);
+    assert!(!rounds[0].to_string().contains("compactor_expand"));
 }

@@ -37,6 +37,7 @@ use crate::config::{NoticeMode, SummaryPlacement, SummaryRole};
 
 pub mod path;
 pub mod provider;
+pub mod retrieval;
 pub mod wire;
 
 pub use path::{is_google_path, model_call, ModelCall};

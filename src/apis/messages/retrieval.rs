@@ -279,6 +279,13 @@ impl Wire for MessagesRetrieval {
         last
     }
 
+    fn failure(&self, _status: u16, message: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        let data = json!({"type": "error", "error": {"type": "api_error", "message": message}});
+        write_event(&mut out, Some("error"), &data);
+        out
+    }
+
     fn stream(&self, tool: &str) -> Box<dyn StreamRounds> {
         Box::new(MessagesStream {
             tool: tool.to_string(),

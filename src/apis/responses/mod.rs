@@ -31,6 +31,7 @@ use crate::config::{SummaryPlacement, SummaryRole};
 
 pub mod compact;
 pub mod managed;
+pub mod retrieval;
 pub mod served;
 pub mod wire;
 
