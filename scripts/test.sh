@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: Rust unit, integration and black-box tests, then the Python suite (official
-# openai, anthropic and google-genai SDKs, LangChain, and the real Claude Code, Codex and Gemini CLIs) against the real
+# openai, anthropic and google-genai SDKs, LangChain, and the real Claude Code, Codex, opencode and Gemini CLIs) against the real
 # binaries. Sets up its own venv and the CLIs (npm ci in tests/agents), and installs
 # redis-server and node (apt-get, as root) when they are missing.
 set -euo pipefail
@@ -16,7 +16,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
-# tests/python/test_agents.py and test_gemini.py drive the real Claude Code, Codex and Gemini CLIs, pinned in
+# tests/python/test_agents.py and test_gemini.py drive the real Claude Code, Codex, opencode and Gemini CLIs, pinned in
 # tests/agents/package.json and installed from the npm registry.
 if ! command -v npm >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -292,7 +292,8 @@ fn response_items(script: &AgentScript, request: &Value, body: &[u8], id: &str) 
         .and_then(Value::as_bool)
         .unwrap_or(true);
     let exec = offers_tool(request, "exec");
-    let named = ["shell", "exec_command"]
+    // Codex's `shell` and `exec_command`, opencode's `bash`.
+    let named = ["shell", "exec_command", "bash"]
         .into_iter()
         .find(|name| offers_tool(request, name));
     let reasoning = request.get("reasoning").is_some_and(|r| !r.is_null());
@@ -330,7 +331,11 @@ fn response_items(script: &AgentScript, request: &Value, body: &[u8], id: &str) 
                     );
                 } else {
                     let name = named.unwrap_or("exec_command");
-                    let arguments = json!({"cmd": format!("cat {file}"), "command": ["cat", file]});
+                    let arguments = if name == "bash" {
+                        json!({"command": format!("cat {file}"), "description": "Read a note"})
+                    } else {
+                        json!({"cmd": format!("cat {file}"), "command": ["cat", file]})
+                    };
                     items.push(json!({"type": "function_call", "id": item_id, "status": "completed",
                                       "call_id": call_id, "name": name, "arguments": arguments.to_string()}));
                 }

@@ -1,9 +1,9 @@
 """The real coding-agent CLIs, unchanged and with their default settings, through compactor.
 
-Claude Code (`claude -p`) on the Messages API and Codex (`codex exec`, its built-in provider) on
-the Responses API each run a scripted agent loop of 30 tool steps against the mock upstream in
+Claude Code (`claude -p`) on the Messages API, and Codex (`codex exec`, its built-in provider)
+and opencode (`opencode run`, its built-in OpenAI provider) on the Responses API each run a scripted agent loop of 30 tool steps against the mock upstream in
 agent mode (it plays the model: file reads, parallel calls, thinking or reasoning first), which
-validates every request the way the provider does. Both CLIs come from the npm registry at the
+validates every request the way the provider does. The CLIs come from the npm registry at the
 versions pinned in tests/agents/package.json (scripts/test.sh installs them).
 """
 
@@ -23,6 +23,7 @@ CLIS = {
     "codex": "node_modules/.bin/codex",
     # The last Codex whose remote compaction v1 (`POST /responses/compact`) can be chosen.
     "codex-v1": "codex-v1/node_modules/.bin/codex",
+    "opencode": "node_modules/.bin/opencode",
 }
 STEPS = 30
 CLI_TIMEOUT_S = 300
@@ -253,6 +254,39 @@ def test_the_openai_stream_helper_reads_a_lookup_round_as_one_response(retrievin
         assert seen["rejections"] == before, seen["last_rejection"]
     finally:
         gateway.stop()
+
+
+def opencode(gateway, workspace, prompt):
+    """`opencode run` with its built-in OpenAI provider (the AI SDK, on the Responses API) pointed
+    at compactor, everything else its default; offline: no model list fetched, no update."""
+    config = {"provider": {"openai": {"options": {"baseURL": f"{gateway.url}/v1", "apiKey": "sk-test"}}}, "model": "openai/gpt-5"}
+    env = {
+        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    }
+    return run([cli("opencode"), "run", prompt], workspace, env)
+
+
+def test_opencode_with_its_defaults_is_compacted_on_later_steps(gateway, agent_upstream, workspace):
+    counts = Counts(gateway, agent_upstream)
+    out = opencode(gateway, workspace, "Investigate the notes and report what you find.")
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert_compacted_run(counts.delta(), STEPS)
+
+
+def test_opencode_never_sees_compactors_lookups(retrieving_gateway, workspace):
+    gateway, upstream = retrieving_gateway
+    before = metric_total(gateway, "compactor_expansion_rounds_total")
+    counts = Counts(gateway, upstream)
+    out = opencode(gateway, workspace, "Investigate the notes and report what you find.")
+    assert f"AGENT-DONE steps={STEPS}" in out
+    assert_compacted_run(counts.delta(), STEPS)
+    assert metric_total(gateway, "compactor_expansion_rounds_total") - before >= 1, "the model looked behind the summary"
+    seen = get_json(upstream.url + "/mock/stats")
+    assert seen["rejections"] == 0, seen["last_rejection"]
+    assert seen["lookups_in_client_history"] == 0
+    assert "compactor_expand" not in out
 
 
 def test_codex_with_its_built_in_provider_is_compacted_on_later_steps(gateway, agent_upstream, workspace):
