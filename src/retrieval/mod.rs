@@ -34,7 +34,7 @@ use crate::upstream::{Rewrite, Target};
 
 pub mod refs;
 
-pub use refs::{Part, Refs};
+pub use refs::{CallRead, Part, Refs};
 
 /// The largest whole answer read to look for a lookup in it.
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
@@ -122,6 +122,17 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// `last` (an API's usage object) with the rounds' sums under its `keys`: prompt,
+    /// completion, total.
+    pub fn json(&self, last: Option<&Value>, keys: [&str; 3]) -> Value {
+        let mut out = last.and_then(Value::as_object).cloned().unwrap_or_default();
+        let [prompt, completion, total] = keys;
+        out.insert(prompt.into(), Value::from(self.prompt));
+        out.insert(completion.into(), Value::from(self.completion));
+        out.insert(total.into(), Value::from(self.prompt + self.completion));
+        Value::Object(out)
+    }
+
     pub fn add(&mut self, usage: Option<&Value>, prompt_key: &str, completion_key: &str) {
         let Some(usage) = usage.filter(|u| u.is_object()) else {
             return;
@@ -172,6 +183,18 @@ pub fn prepare(
         body: Bytes::from(body),
         plain: Bytes::from(plain),
         refs: Arc::new(refs),
+    })
+}
+
+/// The tool's description: what the model reads to know when to call it.
+pub const TOOL_DESCRIPTION: &str = "Read the original, verbatim, of part of this conversation that was replaced by its summary: pass one ref from the summary's list of originals (ref:…). Use it when an exact detail (an id, a path, an error, a value) is not in the summary.";
+
+/// The tool's one argument, as a JSON schema every API's tool shape takes.
+pub fn ref_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {"ref": {"type": "string", "description": "One ref from the summary's list, such as ref:0a1b2c3d4e."}},
+        "required": ["ref"],
     })
 }
 

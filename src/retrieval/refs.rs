@@ -23,6 +23,69 @@ pub struct Part {
     pub text: String,
 }
 
+/// The longest arguments a unit's description quotes.
+const WHAT_ARGUMENT_CHARS: usize = 60;
+/// The most first words of a message or a result a unit's description quotes.
+const WHAT_WORDS_CHARS: usize = 40;
+
+/// One call of a unit, with the result answering it when the unit holds one.
+pub struct CallRead<'a> {
+    pub name: &'a str,
+    pub arguments: &'a str,
+    pub output: Option<String>,
+}
+
+impl Part {
+    /// A message (or a turn) without calls.
+    pub fn message(raw: &str, role: &str, content: &str) -> Part {
+        Part {
+            raw: raw.to_string(),
+            what: format!(
+                "{role} message, {} bytes: \"{}\"",
+                content.len(),
+                cut_chars(content, WHAT_WORDS_CHARS)
+            ),
+            text: format!("[{role}]\n{content}"),
+        }
+    }
+
+    /// A turn of calls with the results answering them; `raw` the bytes of both, `said` the
+    /// role and text the calls came with.
+    pub fn calls(raw: String, said: (&str, &str), calls: &[CallRead<'_>]) -> Part {
+        let (role, content) = said;
+        let mut text = if content.is_empty() {
+            String::new()
+        } else {
+            format!("[{role}]\n{content}\n")
+        };
+        let mut what = Vec::new();
+        let mut result_bytes = 0;
+        let mut first_words = None;
+        for call in calls {
+            let (name, arguments) = (call.name, call.arguments);
+            text.push_str(&format!("[call {name}({arguments})]\n"));
+            what.push(format!(
+                "{name}({})",
+                cut_chars(arguments, WHAT_ARGUMENT_CHARS)
+            ));
+            if let Some(output) = &call.output {
+                result_bytes += output.len();
+                first_words.get_or_insert_with(|| cut_chars(output, WHAT_WORDS_CHARS));
+                text.push_str(&format!("[result of {name}]\n{output}\n"));
+            }
+        }
+        Part {
+            raw,
+            what: format!(
+                "{} → {result_bytes} bytes: \"{}\"",
+                what.join(", "),
+                first_words.unwrap_or_default()
+            ),
+            text: text.trim_end().to_string(),
+        }
+    }
+}
+
 /// A ref and what it stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Unit {

@@ -71,15 +71,7 @@ fn chat(messages: &[Value], stream: bool) -> String {
 }
 
 async fn ask(setup: &Setup, messages: &[Value], stream: bool) -> Collected {
-    roundtrip(
-        &client(),
-        json_request(
-            &setup.proxy.url("/v1/chat/completions"),
-            chat(messages, stream),
-            &[],
-        ),
-    )
-    .await
+    post(setup, "/v1/chat/completions", chat(messages, stream), &[]).await
 }
 
 /// The mock's usage of one request it answered: a quarter of its messages' JSON.
@@ -89,10 +81,24 @@ fn prompt_tokens(request: &Value) -> u64 {
 
 /// The chat requests the upstream got, oldest first.
 fn upstream_chats(upstream: &MockHandle) -> Vec<Value> {
+    upstream_bodies(upstream, |path| path.ends_with("/chat/completions"))
+}
+
+/// A POST of `body` to `path` through the proxy.
+async fn post(setup: &Setup, path: &str, body: String, headers: &[(&str, &str)]) -> Collected {
+    roundtrip(
+        &client(),
+        json_request(&setup.proxy.url(path), body, headers),
+    )
+    .await
+}
+
+/// The bodies of the requests the upstream got at paths `at` accepts, oldest first.
+fn upstream_bodies(upstream: &MockHandle, at: impl Fn(&str) -> bool) -> Vec<Value> {
     upstream
         .requests()
         .into_iter()
-        .filter(|r| r.path_and_query.ends_with("/chat/completions"))
+        .filter(|r| at(&r.path_and_query))
         .map(|r| r.json())
         .collect()
 }
@@ -347,24 +353,12 @@ async fn ask_messages(setup: &Setup, stream: bool, thinking: bool) -> Collected 
     if thinking {
         body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
     }
-    roundtrip(
-        &client(),
-        json_request(
-            &setup.proxy.url("/v1/messages"),
-            body.to_string(),
-            &[("anthropic-version", "2023-06-01")],
-        ),
-    )
-    .await
+    let version = [("anthropic-version", "2023-06-01")];
+    post(setup, "/v1/messages", body.to_string(), &version).await
 }
 
 fn upstream_messages(upstream: &MockHandle) -> Vec<Value> {
-    upstream
-        .requests()
-        .into_iter()
-        .filter(|r| r.path_and_query.ends_with("/messages"))
-        .map(|r| r.json())
-        .collect()
+    upstream_bodies(upstream, |path| path.ends_with("/messages"))
 }
 
 /// The fact reached the second round byte for byte, in the tool result answering the first
@@ -539,24 +533,11 @@ fn responses_body(input: &[Value], stream: bool) -> String {
 }
 
 async fn ask_responses(setup: &Setup, input: &[Value], stream: bool) -> Collected {
-    roundtrip(
-        &client(),
-        json_request(
-            &setup.proxy.url("/v1/responses"),
-            responses_body(input, stream),
-            &[],
-        ),
-    )
-    .await
+    post(setup, "/v1/responses", responses_body(input, stream), &[]).await
 }
 
 fn upstream_responses(upstream: &MockHandle) -> Vec<Value> {
-    upstream
-        .requests()
-        .into_iter()
-        .filter(|r| r.path_and_query.ends_with("/responses"))
-        .map(|r| r.json())
-        .collect()
+    upstream_bodies(upstream, |path| path.ends_with("/responses"))
 }
 
 /// The fact reached the second round byte for byte, in the output answering the first round's
@@ -732,20 +713,11 @@ async fn ask_gemini(setup: &Setup, contents: &[Value], stream: bool) -> Collecte
     } else {
         "/v1beta/models/gemini-2.5-pro:generateContent"
     };
-    roundtrip(
-        &client(),
-        json_request(&setup.proxy.url(path), body.to_string(), &[]),
-    )
-    .await
+    post(setup, path, body.to_string(), &[]).await
 }
 
 fn upstream_gemini(upstream: &MockHandle) -> Vec<Value> {
-    upstream
-        .requests()
-        .into_iter()
-        .filter(|r| r.path_and_query.contains("/models/gemini-2.5-pro:"))
-        .map(|r| r.json())
-        .collect()
+    upstream_bodies(upstream, |path| path.contains("/models/gemini-2.5-pro:"))
 }
 
 /// The fact reached the second round byte for byte, in the function response answering the
@@ -843,17 +815,8 @@ async fn gemini_a_lookup_is_spliced_into_one_stream() {
 async fn gemini_a_stream_without_events_is_not_offered_the_tool() {
     let setup = setup("{enabled: true}").await;
     let body = json!({"contents": gemini_conversation()});
-    let response = roundtrip(
-        &client(),
-        json_request(
-            &setup
-                .proxy
-                .url("/v1beta/models/gemini-2.5-pro:streamGenerateContent"),
-            body.to_string(),
-            &[],
-        ),
-    )
-    .await;
+    let path = "/v1beta/models/gemini-2.5-pro:streamGenerateContent";
+    let response = post(&setup, path, body.to_string(), &[]).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(outcome(&response), "summarized");
     let rounds = upstream_gemini(&setup.upstream);

@@ -6,21 +6,15 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::retrieval::refs::cut_chars;
 use crate::retrieval::{
-    appended, reference_in, with_first_member, Call, Part, StreamRounds, Turn, Usage, Wire,
+    appended, ref_schema, reference_in, with_first_member, Call, CallRead, Part, StreamRounds,
+    Turn, Usage, Wire, TOOL_DESCRIPTION,
 };
 use crate::served::splice::Event;
 
 pub struct ChatRetrieval;
-
-/// The tool's description: what the model reads to know when to call it.
-pub const TOOL_DESCRIPTION: &str = "Read the original, verbatim, of part of this conversation that was replaced by its summary: pass one ref from the summary's list of originals (ref:…). Use it when an exact detail (an id, a path, an error, a value) is not in the summary.";
-
-const WHAT_ARGUMENT_CHARS: usize = 60;
-const WHAT_WORDS_CHARS: usize = 40;
 
 #[derive(Deserialize)]
 struct Offer<'a> {
@@ -40,11 +34,7 @@ fn tool_json(tool: &str) -> String {
     json!({"type": "function", "function": {
         "name": tool,
         "description": TOOL_DESCRIPTION,
-        "parameters": {
-            "type": "object",
-            "properties": {"ref": {"type": "string", "description": "One ref from the summary's list, such as ref:0a1b2c3d4e."}},
-            "required": ["ref"],
-        },
+        "parameters": ref_schema(),
     }})
     .to_string()
 }
@@ -105,52 +95,29 @@ impl Wire for ChatRetrieval {
             let content = text_of(message.get("content"));
             let calls = calls_of(message);
             if calls.is_empty() {
-                let words = cut_chars(&content, WHAT_WORDS_CHARS);
-                parts.push(Part {
-                    raw: raw.to_string(),
-                    what: format!("{role} message, {} bytes: \"{words}\"", content.len()),
-                    text: format!("[{role}]\n{content}"),
-                });
+                parts.push(Part::message(raw, role, &content));
                 continue;
             }
             let mut raw_all = raw.to_string();
-            let mut text = if content.is_empty() {
-                String::new()
-            } else {
-                format!("[{role}]\n{content}\n")
-            };
-            let mut what = Vec::new();
-            let mut result_bytes = 0;
-            let mut first_words = None;
+            let mut read = Vec::new();
             for (id, name, arguments) in &calls {
-                text.push_str(&format!("[call {name}({arguments})]\n"));
-                what.push(format!(
-                    "{name}({})",
-                    cut_chars(arguments, WHAT_ARGUMENT_CHARS)
-                ));
                 let answering = (i + 1..messages.len()).find(|&j| {
                     !taken[j]
                         && messages[j].1.get("tool_call_id").and_then(Value::as_str)
                             == Some(id.as_str())
                 });
-                if let Some(j) = answering {
+                let output = answering.map(|j| {
                     taken[j] = true;
-                    let output = text_of(messages[j].1.get("content"));
-                    result_bytes += output.len();
-                    first_words.get_or_insert_with(|| cut_chars(&output, WHAT_WORDS_CHARS));
-                    text.push_str(&format!("[result of {name}]\n{output}\n"));
                     raw_all.push_str(messages[j].0);
-                }
+                    text_of(messages[j].1.get("content"))
+                });
+                read.push(CallRead {
+                    name,
+                    arguments,
+                    output,
+                });
             }
-            parts.push(Part {
-                raw: raw_all,
-                what: format!(
-                    "{} → {result_bytes} bytes: \"{}\"",
-                    what.join(", "),
-                    first_words.unwrap_or_default()
-                ),
-                text: text.trim_end().to_string(),
-            });
+            parts.push(Part::calls(raw_all, (role, &content), &read));
         }
         parts
     }
@@ -285,17 +252,7 @@ fn without_tool(message: &mut Value, tool: &str) -> Option<usize> {
 }
 
 fn usage_json(usage: &Usage, last: Option<&Value>) -> Value {
-    let mut out = last
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_else(Map::new);
-    out.insert("prompt_tokens".into(), Value::from(usage.prompt));
-    out.insert("completion_tokens".into(), Value::from(usage.completion));
-    out.insert(
-        "total_tokens".into(),
-        Value::from(usage.prompt + usage.completion),
-    );
-    Value::Object(out)
+    usage.json(last, ["prompt_tokens", "completion_tokens", "total_tokens"])
 }
 
 /// One tool call as its deltas build it.

@@ -12,16 +12,15 @@
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::retrieval::refs::cut_chars;
-use crate::retrieval::{appended, with_first_member, Call, Part, StreamRounds, Turn, Usage, Wire};
+use crate::retrieval::{
+    appended, ref_schema, with_first_member, Call, CallRead, Part, StreamRounds, Turn, Usage, Wire,
+    TOOL_DESCRIPTION,
+};
 use crate::served::splice::Event;
 
 pub struct GeminiRetrieval;
-
-const WHAT_ARGUMENT_CHARS: usize = 60;
-const WHAT_WORDS_CHARS: usize = 40;
 
 #[derive(Deserialize)]
 struct Offer<'a> {
@@ -47,16 +46,7 @@ struct ToolView<'a> {
 }
 
 fn declaration_json(tool: &str) -> String {
-    json!({
-        "name": tool,
-        "description": crate::apis::chat::retrieval::TOOL_DESCRIPTION,
-        "parameters": {
-            "type": "object",
-            "properties": {"ref": {"type": "string", "description": "One ref from the summary's list, such as ref:0a1b2c3d4e."}},
-            "required": ["ref"],
-        },
-    })
-    .to_string()
+    json!({"name": tool, "description": TOOL_DESCRIPTION, "parameters": ref_schema()}).to_string()
 }
 
 /// A member by its proto name in either spelling.
@@ -118,6 +108,19 @@ fn lookup_of(part: &Value) -> Call {
     }
 }
 
+/// What a function response says: its one member's text, or its JSON.
+fn response_text(answer: &Value) -> String {
+    match answer.get("response") {
+        Some(Value::Object(response)) if response.len() == 1 => match response.values().next() {
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        },
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
 /// The first candidate's parts of an answer.
 fn answer_parts(answer: &Value) -> Vec<Value> {
     answer
@@ -163,15 +166,7 @@ impl Wire for GeminiRetrieval {
             let calls: Vec<&Value> = parts.iter().filter_map(call_of).collect();
             let text = text_of(&parts);
             if calls.is_empty() {
-                out.push(Part {
-                    raw: raw.to_string(),
-                    what: format!(
-                        "{role} turn, {} bytes: \"{}\"",
-                        text.len(),
-                        cut_chars(&text, WHAT_WORDS_CHARS)
-                    ),
-                    text: format!("[{role}]\n{text}"),
-                });
+                out.push(Part::message(raw, role, &text));
                 i += 1;
                 continue;
             }
@@ -190,51 +185,32 @@ impl Wire for GeminiRetrieval {
             if !answers.is_empty() {
                 raw_all.push_str(turns[i + 1].0);
             }
-            let mut body = if text.is_empty() {
-                String::new()
-            } else {
-                format!("[{role}]\n{text}\n")
-            };
-            let mut what = Vec::new();
-            let mut result_bytes = 0;
-            let mut first_words = None;
+            let arguments: Vec<String> = calls
+                .iter()
+                .map(|call| call.get("args").map(Value::to_string).unwrap_or_default())
+                .collect();
             let mut used = vec![false; answers.len()];
-            for call in &calls {
-                let name = name_of(call);
-                let args = call.get("args").map(Value::to_string).unwrap_or_default();
-                body.push_str(&format!("[call {name}({args})]\n"));
-                what.push(format!("{name}({})", cut_chars(&args, WHAT_ARGUMENT_CHARS)));
-                let answering = answers
-                    .iter()
-                    .enumerate()
-                    .find(|(k, answer)| !used[*k] && name_of(answer) == name);
-                if let Some((k, answer)) = answering {
-                    used[k] = true;
-                    let output = match answer.get("response") {
-                        Some(Value::Object(response)) if response.len() == 1 => {
-                            match response.values().next() {
-                                Some(Value::String(text)) => text.clone(),
-                                Some(other) => other.to_string(),
-                                None => String::new(),
-                            }
-                        }
-                        Some(other) => other.to_string(),
-                        None => String::new(),
-                    };
-                    result_bytes += output.len();
-                    first_words.get_or_insert_with(|| cut_chars(&output, WHAT_WORDS_CHARS));
-                    body.push_str(&format!("[result of {name}]\n{output}\n"));
-                }
-            }
-            out.push(Part {
-                raw: raw_all,
-                what: format!(
-                    "{} → {result_bytes} bytes: \"{}\"",
-                    what.join(", "),
-                    first_words.unwrap_or_default()
-                ),
-                text: body.trim_end().to_string(),
-            });
+            let read: Vec<CallRead> = calls
+                .iter()
+                .zip(&arguments)
+                .map(|(call, arguments)| {
+                    let name = name_of(call);
+                    let answering = answers
+                        .iter()
+                        .enumerate()
+                        .find(|(k, answer)| !used[*k] && name_of(answer) == name);
+                    let output = answering.map(|(k, answer)| {
+                        used[k] = true;
+                        response_text(answer)
+                    });
+                    CallRead {
+                        name,
+                        arguments,
+                        output,
+                    }
+                })
+                .collect();
+            out.push(Part::calls(raw_all, (role, &text), &read));
             i += if answers.is_empty() { 1 } else { 2 };
         }
         out
@@ -367,17 +343,14 @@ impl Wire for GeminiRetrieval {
 }
 
 fn usage_json(usage: &Usage, last: Option<&Value>) -> Value {
-    let mut out = last
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_else(Map::new);
-    out.insert("promptTokenCount".into(), Value::from(usage.prompt));
-    out.insert("candidatesTokenCount".into(), Value::from(usage.completion));
-    out.insert(
-        "totalTokenCount".into(),
-        Value::from(usage.prompt + usage.completion),
-    );
-    Value::Object(out)
+    usage.json(
+        last,
+        [
+            "promptTokenCount",
+            "candidatesTokenCount",
+            "totalTokenCount",
+        ],
+    )
 }
 
 /// A streamed answer across rounds.

@@ -12,14 +12,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::retrieval::refs::cut_chars;
-use crate::retrieval::{appended, with_first_member, Call, Part, StreamRounds, Turn, Usage, Wire};
+use crate::retrieval::{
+    appended, ref_schema, with_first_member, Call, CallRead, Part, StreamRounds, Turn, Usage, Wire,
+    TOOL_DESCRIPTION,
+};
 use crate::served::splice::{write_event, Event};
 
 pub struct MessagesRetrieval;
-
-const WHAT_ARGUMENT_CHARS: usize = 60;
-const WHAT_WORDS_CHARS: usize = 40;
 
 #[derive(Deserialize)]
 struct Offer<'a> {
@@ -32,16 +31,7 @@ struct Offer<'a> {
 }
 
 fn tool_json(tool: &str) -> String {
-    json!({
-        "name": tool,
-        "description": crate::apis::chat::retrieval::TOOL_DESCRIPTION,
-        "input_schema": {
-            "type": "object",
-            "properties": {"ref": {"type": "string", "description": "One ref from the summary's list, such as ref:0a1b2c3d4e."}},
-            "required": ["ref"],
-        },
-    })
-    .to_string()
+    json!({"name": tool, "description": TOOL_DESCRIPTION, "input_schema": ref_schema()}).to_string()
 }
 
 /// The text of a content: a string, or its text blocks (a tool result's too) joined.
@@ -108,57 +98,37 @@ impl Wire for MessagesRetrieval {
             let content = text_of(message.get("content"));
             let uses: Vec<&Value> = blocks_of(message, "tool_use").collect();
             if uses.is_empty() {
-                let words = cut_chars(&content, WHAT_WORDS_CHARS);
-                parts.push(Part {
-                    raw: raw.to_string(),
-                    what: format!("{role} message, {} bytes: \"{words}\"", content.len()),
-                    text: format!("[{role}]\n{content}"),
-                });
+                parts.push(Part::message(raw, role, &content));
                 continue;
             }
             let mut raw_all = raw.to_string();
-            let mut text = if content.is_empty() {
-                String::new()
-            } else {
-                format!("[{role}]\n{content}\n")
-            };
-            let mut what = Vec::new();
-            let mut result_bytes = 0;
-            let mut first_words = None;
-            for block in uses {
+            let inputs: Vec<String> = uses
+                .iter()
+                .map(|block| block.get("input").map(Value::to_string).unwrap_or_default())
+                .collect();
+            let mut read = Vec::new();
+            for (block, arguments) in uses.iter().zip(&inputs) {
                 let (id, name) = (field(block, "id"), field(block, "name"));
-                let input = block.get("input").map(Value::to_string).unwrap_or_default();
-                text.push_str(&format!("[call {name}({input})]\n"));
-                what.push(format!(
-                    "{name}({})",
-                    cut_chars(&input, WHAT_ARGUMENT_CHARS)
-                ));
                 let answering = (i + 1..messages.len()).find(|&j| {
                     blocks_of(&messages[j].1, "tool_result").any(|r| field(r, "tool_use_id") == id)
                 });
-                if let Some(j) = answering {
-                    let output: String = blocks_of(&messages[j].1, "tool_result")
-                        .filter(|r| field(r, "tool_use_id") == id)
-                        .map(|r| text_of(r.get("content")))
-                        .collect();
-                    result_bytes += output.len();
-                    first_words.get_or_insert_with(|| cut_chars(&output, WHAT_WORDS_CHARS));
-                    text.push_str(&format!("[result of {name}]\n{output}\n"));
+                let output = answering.map(|j| {
                     if !taken[j] {
                         taken[j] = true;
                         raw_all.push_str(messages[j].0);
                     }
-                }
+                    blocks_of(&messages[j].1, "tool_result")
+                        .filter(|r| field(r, "tool_use_id") == id)
+                        .map(|r| text_of(r.get("content")))
+                        .collect()
+                });
+                read.push(CallRead {
+                    name,
+                    arguments,
+                    output,
+                });
             }
-            parts.push(Part {
-                raw: raw_all,
-                what: format!(
-                    "{} → {result_bytes} bytes: \"{}\"",
-                    what.join(", "),
-                    first_words.unwrap_or_default()
-                ),
-                text: text.trim_end().to_string(),
-            });
+            parts.push(Part::calls(raw_all, (role, &content), &read));
         }
         parts
     }

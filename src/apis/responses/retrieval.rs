@@ -18,16 +18,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::retrieval::refs::cut_chars;
 use crate::retrieval::{
-    appended, reference_in, with_first_member, Call, Part, StreamRounds, Turn, Usage, Wire,
+    appended, ref_schema, reference_in, with_first_member, Call, CallRead, Part, StreamRounds,
+    Turn, Usage, Wire, TOOL_DESCRIPTION,
 };
 use crate::served::splice::{write_event, Event};
 
 pub struct ResponsesRetrieval;
-
-const WHAT_ARGUMENT_CHARS: usize = 60;
-const WHAT_WORDS_CHARS: usize = 40;
 
 /// The output items the client runs itself: a round that ends in a lookup drops them, and the
 /// model asks for them again after it.
@@ -52,18 +49,10 @@ struct Offer<'a> {
 }
 
 fn tool_json(tool: &str) -> String {
-    json!({
-        "type": "function",
-        "name": tool,
-        "description": crate::apis::chat::retrieval::TOOL_DESCRIPTION,
-        "parameters": {
-            "type": "object",
-            "properties": {"ref": {"type": "string", "description": "One ref from the summary's list, such as ref:0a1b2c3d4e."}},
-            "required": ["ref"],
-            "additionalProperties": false,
-        },
-        "strict": false,
-    })
+    let mut parameters = ref_schema();
+    parameters["additionalProperties"] = Value::Bool(false);
+    json!({"type": "function", "name": tool, "description": TOOL_DESCRIPTION,
+           "parameters": parameters, "strict": false})
     .to_string()
 }
 
@@ -142,14 +131,8 @@ impl Wire for ResponsesRetrieval {
             let (raw, item) = &items[i];
             match kind_of(item) {
                 "message" => {
-                    let role = field(item, "role");
                     let content = text_of(item.get("content"));
-                    let words = cut_chars(&content, WHAT_WORDS_CHARS);
-                    parts.push(Part {
-                        raw: raw.to_string(),
-                        what: format!("{role} message, {} bytes: \"{words}\"", content.len()),
-                        text: format!("[{role}]\n{content}"),
-                    });
+                    parts.push(Part::message(raw, field(item, "role"), &content));
                 }
                 kind if kind.ends_with("_call") => {
                     let name = match field(item, "name") {
@@ -159,43 +142,28 @@ impl Wire for ResponsesRetrieval {
                     let arguments = asked(item);
                     let call_id = field(item, "call_id");
                     let mut raw_all = raw.to_string();
-                    let mut text = format!("[call {name}({arguments})]");
                     let answering = (i + 1..items.len()).find(|&j| {
                         !taken[j]
                             && !call_id.is_empty()
                             && field(&items[j].1, "call_id") == call_id
                             && kind_of(&items[j].1).ends_with("_output")
                     });
-                    let mut output = String::new();
-                    if let Some(j) = answering {
+                    let output = answering.map(|j| {
                         taken[j] = true;
-                        output = text_of(items[j].1.get("output"));
-                        text.push_str(&format!("\n[result of {name}]\n{output}"));
                         raw_all.push_str(items[j].0);
-                    }
-                    parts.push(Part {
-                        raw: raw_all,
-                        what: format!(
-                            "{name}({}) → {} bytes: \"{}\"",
-                            cut_chars(&arguments, WHAT_ARGUMENT_CHARS),
-                            output.len(),
-                            cut_chars(&output, WHAT_WORDS_CHARS)
-                        ),
-                        text,
+                        text_of(items[j].1.get("output"))
                     });
+                    let read = CallRead {
+                        name,
+                        arguments: &arguments,
+                        output,
+                    };
+                    parts.push(Part::calls(raw_all, ("assistant", ""), &[read]));
                 }
                 kind if kind.ends_with("_output") => {
                     // An output whose call was summarized by an earlier compaction.
                     let output = text_of(item.get("output"));
-                    parts.push(Part {
-                        raw: raw.to_string(),
-                        what: format!(
-                            "a tool's result, {} bytes: \"{}\"",
-                            output.len(),
-                            cut_chars(&output, WHAT_WORDS_CHARS)
-                        ),
-                        text: format!("[result]\n{output}"),
-                    });
+                    parts.push(Part::message(raw, "tool result", &output));
                 }
                 // Reasoning (encrypted), compaction items: nothing a lookup could read.
                 _ => {}
@@ -330,14 +298,7 @@ fn said_item(response_id: &str, said: &str) -> Value {
 }
 
 fn usage_json(usage: &Usage, last: Option<&Value>) -> Value {
-    let mut out = last.and_then(Value::as_object).cloned().unwrap_or_default();
-    out.insert("input_tokens".into(), Value::from(usage.prompt));
-    out.insert("output_tokens".into(), Value::from(usage.completion));
-    out.insert(
-        "total_tokens".into(),
-        Value::from(usage.prompt + usage.completion),
-    );
-    Value::Object(out)
+    usage.json(last, ["input_tokens", "output_tokens", "total_tokens"])
 }
 
 /// One output item of the round, as its events build it.
