@@ -823,3 +823,30 @@ async fn gemini_a_stream_without_events_is_not_offered_the_tool() {
     assert_eq!(rounds.len(), 1);
     assert!(!rounds[0].to_string().contains("compactor_expand"));
 }
+
+#[tokio::test]
+async fn an_answer_of_several_rounds_teaches_the_count_nothing() {
+    // Its usage is every round's input summed: learning from it as one body's count taught
+    // the count to see bodies larger than they are, and compaction came early.
+    let mut learned = Vec::new();
+    for retrieval in ["{enabled: false}", "{enabled: true}"] {
+        let setup = setup(retrieval).await;
+        let response = ask(&setup, &conversation(), false).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(outcome(&response), "summarized");
+        let engine = setup.proxy.app.compaction().expect("compaction on");
+        tokio::time::timeout(BOUND, engine.calibrations_idle())
+            .await
+            .expect("calibration within bound");
+        let metrics = get(&setup.proxy.url("/metrics")).await.text();
+        learned.push(
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("compactor_token_calibration_samples_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>(),
+        );
+    }
+    // The summarizer's answer is a sample either way; the model's only without a lookup.
+    assert_eq!(learned[1] + 1.0, learned[0], "{learned:?}");
+}
