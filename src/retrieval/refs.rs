@@ -9,6 +9,8 @@ use sha2::{Digest, Sha256};
 
 /// The most index lines a summary gets; more units are grouped with their neighbours.
 pub const MAX_INDEX_LINES: usize = 24;
+/// The shortest text a lookup that names no ref is searched for in the originals by.
+const MIN_SEARCH_CHARS: usize = 4;
 /// The longest description of one unit in the index.
 const MAX_WHAT_CHARS: usize = 100;
 
@@ -171,7 +173,15 @@ impl Refs {
     pub fn answer(&self, reference: &str, max_bytes: usize) -> Answer {
         let id = reference.trim();
         let id = id.strip_prefix("ref:").unwrap_or(id);
-        let Some(unit) = self.units.iter().find(|unit| unit.id == id) else {
+        let by_id = self.units.iter().find(|unit| unit.id == id);
+        // A model that passes what it looks for (a path, an id) instead of a ref gets the
+        // latest original of this request that holds it.
+        let by_content = || {
+            (id.chars().count() >= MIN_SEARCH_CHARS)
+                .then(|| self.units.iter().rev().find(|unit| unit.text.contains(id)))
+                .flatten()
+        };
+        let Some(unit) = by_id.or_else(by_content) else {
             return Answer {
                 text: format!(
                     "Unknown ref {reference:?}: it is not one of the refs this conversation's summary lists."
@@ -179,10 +189,18 @@ impl Refs {
                 bytes: 0,
             };
         };
+        let heading = if unit.id == id {
+            String::new()
+        } else {
+            format!(
+                "[no ref {id:?}: the original that mentions it, ref:{}]\n",
+                unit.id
+            )
+        };
         let full = unit.text.len();
         if full <= max_bytes {
             return Answer {
-                text: unit.text.clone(),
+                text: format!("{heading}{}", unit.text),
                 bytes: full,
             };
         }
@@ -191,7 +209,10 @@ impl Refs {
             end -= 1;
         }
         Answer {
-            text: format!("{}\n[cut at {end} of {full} bytes]", &unit.text[..end]),
+            text: format!(
+                "{heading}{}\n[cut at {end} of {full} bytes]",
+                &unit.text[..end]
+            ),
             bytes: end,
         }
     }
@@ -281,6 +302,28 @@ mod tests {
         let unknown = refs.answer("ref:0000000000", 1 << 20);
         assert_eq!(unknown.bytes, 0);
         assert!(unknown.text.starts_with("Unknown ref"));
+    }
+
+    #[test]
+    fn a_lookup_by_what_it_wants_gets_the_latest_original_holding_it() {
+        let refs = Refs::new(
+            vec![
+                part("config/a.yaml"),
+                part("x"),
+                part("config/a.yaml again"),
+            ],
+            8,
+        );
+        let found = refs.answer("config/a.yaml", 1 << 20);
+        assert!(
+            found.text.ends_with("text of config/a.yaml again"),
+            "{}",
+            found.text
+        );
+        assert!(found.text.contains(&format!("ref:{}", refs.units[2].id)));
+        // Too short to search by, or held by none: unknown.
+        assert_eq!(refs.answer("x", 1 << 20).bytes, 0);
+        assert_eq!(refs.answer("not/in/any", 1 << 20).bytes, 0);
     }
 
     #[test]
