@@ -80,17 +80,8 @@ impl LoggedBody {
             return;
         };
         let counted = self.usage.as_ref().and_then(|tap| tap.input_total());
-        // An answer after lookups reports the input of every round, summed: it says nothing
-        // of how the body sent first counts (it taught the count to see bodies twice their
-        // size, and compaction to come early).
-        let looked_up = log
-            .expansions
-            .as_ref()
-            .is_some_and(|tally| tally.rounds.load(Ordering::Relaxed) > 0);
         if let (Some(sample), Some(counted)) = (log.calibration.take(), counted) {
-            if !looked_up {
-                sample.record(counted);
-            }
+            sample.record(counted);
         }
         let elapsed = self.started.elapsed();
         emit_log_line(&log, elapsed, self.bytes_out, end);

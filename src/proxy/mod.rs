@@ -201,7 +201,13 @@ async fn through_upstream(
     let (response, compacted) = send(app, outgoing, compacting, log).await?;
     let sent = compacted.as_ref().map(|c| &c.body);
     let response = match rounds.filter(|rounds| lookups::still_offered(rounds, sent)) {
-        Some(rounds) => crate::retrieval::after_upstream(response, rounds).await?,
+        Some(rounds) => {
+            // Neither the answer's usage (every round's input, summed, after a lookup) nor a
+            // body carrying compactor's own tool and index (ids and paths, which count
+            // unlike the conversation) says how the conversation counts.
+            log.calibration = None;
+            crate::retrieval::after_upstream(response, rounds).await?
+        }
         None => response,
     };
     let response = match addition.filter(|_| response.status().is_success()) {

@@ -825,9 +825,9 @@ async fn gemini_a_stream_without_events_is_not_offered_the_tool() {
 }
 
 #[tokio::test]
-async fn an_answer_of_several_rounds_teaches_the_count_nothing() {
-    // Its usage is every round's input summed: learning from it as one body's count taught
-    // the count to see bodies larger than they are, and compaction came early.
+async fn a_request_offered_lookups_teaches_the_count_nothing() {
+    // After a lookup its usage is every round's input summed, and its body carries
+    // compactor's own tool and index: neither says how the conversation counts.
     let mut learned = Vec::new();
     for retrieval in ["{enabled: false}", "{enabled: true}"] {
         let setup = setup(retrieval).await;
