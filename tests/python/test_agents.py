@@ -178,19 +178,26 @@ def retrieving_gateway(workspace, summarizer):
     upstream.stop()
 
 
-def test_claude_code_never_sees_compactors_lookups(retrieving_gateway, workspace):
+def assert_never_sees_lookups(retrieving_gateway, run_cli):
+    """`run_cli(gateway)` runs a CLI's whole loop behind summaries the mock's model looks behind:
+    it completes, compactor answered lookups, and none came back in the history it sent next."""
     gateway, upstream = retrieving_gateway
+    before = metric_total(gateway, "compactor_expansion_rounds_total")
     counts = Counts(gateway, upstream)
-    out = run([cli("claude"), "-p", "Investigate the notes and report what you find."], workspace, claude_env(gateway))
+    out = run_cli(gateway)
     assert f"AGENT-DONE steps={STEPS}" in out
     assert_compacted_run(counts.delta(), STEPS)
-    lookups = metric_total(gateway, "compactor_expansion_rounds_total")
-    assert lookups >= 1, "the model looked behind the summary"
-    # Claude Code never saw a lookup: none came back in the history it sent next.
+    assert metric_total(gateway, "compactor_expansion_rounds_total") - before >= 1, "the model looked behind the summary"
     seen = get_json(upstream.url + "/mock/stats")
     assert seen["rejections"] == 0, seen["last_rejection"]
     assert seen["lookups_in_client_history"] == 0
     assert "compactor_expand" not in out
+
+
+def test_claude_code_never_sees_compactors_lookups(retrieving_gateway, workspace):
+    assert_never_sees_lookups(
+        retrieving_gateway, lambda gateway: run([cli("claude"), "-p", "Investigate the notes and report what you find."], workspace, claude_env(gateway))
+    )
 
 
 def codex(gateway, workspace, *args):
@@ -202,17 +209,7 @@ def test_codex_never_sees_compactors_lookups(retrieving_gateway, workspace):
     """Codex streams every step with reasoning items: a lookup's round is held back and spliced
     out of the stream, and what Codex keeps of it (the reasoning and what the model said) is
     history OpenAI takes back."""
-    gateway, upstream = retrieving_gateway
-    before = metric_total(gateway, "compactor_expansion_rounds_total")
-    counts = Counts(gateway, upstream)
-    out = codex(gateway, workspace, "Investigate the notes and report what you find.")
-    assert f"AGENT-DONE steps={STEPS}" in out
-    assert_compacted_run(counts.delta(), STEPS)
-    assert metric_total(gateway, "compactor_expansion_rounds_total") - before >= 1, "the model looked behind the summary"
-    seen = get_json(upstream.url + "/mock/stats")
-    assert seen["rejections"] == 0, seen["last_rejection"]
-    assert seen["lookups_in_client_history"] == 0
-    assert "compactor_expand" not in out
+    assert_never_sees_lookups(retrieving_gateway, lambda gateway: codex(gateway, workspace, "Investigate the notes and report what you find."))
 
 
 def test_the_openai_stream_helper_reads_a_lookup_round_as_one_response(retrieving_gateway, summarizer):
@@ -276,17 +273,7 @@ def test_opencode_with_its_defaults_is_compacted_on_later_steps(gateway, agent_u
 
 
 def test_opencode_never_sees_compactors_lookups(retrieving_gateway, workspace):
-    gateway, upstream = retrieving_gateway
-    before = metric_total(gateway, "compactor_expansion_rounds_total")
-    counts = Counts(gateway, upstream)
-    out = opencode(gateway, workspace, "Investigate the notes and report what you find.")
-    assert f"AGENT-DONE steps={STEPS}" in out
-    assert_compacted_run(counts.delta(), STEPS)
-    assert metric_total(gateway, "compactor_expansion_rounds_total") - before >= 1, "the model looked behind the summary"
-    seen = get_json(upstream.url + "/mock/stats")
-    assert seen["rejections"] == 0, seen["last_rejection"]
-    assert seen["lookups_in_client_history"] == 0
-    assert "compactor_expand" not in out
+    assert_never_sees_lookups(retrieving_gateway, lambda gateway: opencode(gateway, workspace, "Investigate the notes and report what you find."))
 
 
 def test_codex_with_its_built_in_provider_is_compacted_on_later_steps(gateway, agent_upstream, workspace):
