@@ -603,8 +603,84 @@ fn planned_lookup(summary: &str, question: &str, declared: bool) -> Option<Looku
     Some(Lookup::Call(format!("ref:{id}")))
 }
 
-/// Responses: as [`lookup_blocks`], in output items (a reasoning item first when the request
-/// asks for reasoning); None when the step is not about compactor's lookups.
+/// What the lookup model reads of a request, whatever its API.
+struct LookupView {
+    declared: bool,
+    summary: Option<String>,
+    /// The latest user text that is not the summary asks to recall the planted facts.
+    recall: bool,
+    /// When the request ends on tool results: their text, and whether it holds a lookup.
+    results: Option<(String, bool)>,
+    /// The last turn's text.
+    question: String,
+}
+
+/// The model's turn: what it says, and the ref it looks up when it calls the tool.
+struct LookupTurn {
+    text: String,
+    call: Option<String>,
+}
+
+/// What a model that needs the planted facts does with compactor's lookup tool; None when the
+/// turn is not about lookups. Behind a summary, each agent step reads one original first, then
+/// goes on with the step (what a real CLI must never see); after a lookup on a turn asking to
+/// recall, it answers with the facts the result holds.
+fn lookup_turn(view: LookupView) -> Option<LookupTurn> {
+    if let Some((results, looked_up)) = view.results {
+        if !looked_up {
+            let first_ref = view
+                .summary
+                .as_deref()
+                .filter(|_| view.declared && !view.recall)
+                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
+                .and_then(|line| line.split_whitespace().next())?;
+            return Some(LookupTurn {
+                text: "Reading what the summary stands for first.".into(),
+                call: Some(format!("ref:{first_ref}")),
+            });
+        }
+        if !view.recall {
+            return None;
+        }
+        let text = format!("Recalled: {}", facts_in(&results).join(" "));
+        return Some(LookupTurn { text, call: None });
+    }
+    Some(
+        match planned_lookup(&view.summary?, &view.question, view.declared)? {
+            Lookup::Call(reference) => LookupTurn {
+                text: "Let me read the original.".into(),
+                call: Some(reference),
+            },
+            Lookup::Answer(text) => LookupTurn { text, call: None },
+        },
+    )
+}
+
+/// Whether the latest non-empty user text that is not the summary asks to recall.
+fn asks_to_recall(texts: impl DoubleEndedIterator<Item = String>) -> bool {
+    texts
+        .rev()
+        .find(|text| !text.is_empty() && !text.contains("Here is a summary"))
+        .is_some_and(|text| text.contains("Recall"))
+}
+
+fn summary_in(texts: impl Iterator<Item = String>) -> Option<String> {
+    texts
+        .into_iter()
+        .find(|text| text.contains("Here is a summary of the conversation to date"))
+}
+
+/// A tool result's content as text: a string, or its JSON.
+fn output_text(output: Option<&Value>) -> String {
+    match output {
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+/// Responses: [`lookup_turn`] in output items (a reasoning item first when the request asks
+/// for reasoning).
 fn lookup_items(request: &Value, reasoning: bool, id: &str) -> Option<Vec<Value>> {
     let items = request.get("input")?.as_array()?;
     let last = items.last()?;
@@ -614,6 +690,21 @@ fn lookup_items(request: &Value, reasoning: bool, id: &str) -> Option<Vec<Value>
             .unwrap_or("message")
             .to_string()
     };
+    let is_user =
+        |i: &Value| kind(i) == "message" && i.get("role").and_then(Value::as_str) == Some("user");
+    let results = kind(last).ends_with("_output").then(|| {
+        let looked_up = items.iter().any(|i| {
+            kind(i) == "function_call" && i.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL)
+        });
+        (output_text(last.get("output")), looked_up)
+    });
+    let turn = lookup_turn(LookupView {
+        declared: offers_tool(request, LOOKUP_TOOL),
+        summary: summary_in(items.iter().map(text_of)),
+        recall: asks_to_recall(items.iter().filter(|i| is_user(i)).map(text_of)),
+        results,
+        question: text_of(last),
+    })?;
     let mut out = Vec::new();
     if reasoning {
         out.push(
@@ -621,69 +712,22 @@ fn lookup_items(request: &Value, reasoning: bool, id: &str) -> Option<Vec<Value>
                         "encrypted_content": "enc-lookup"}),
         );
     }
-    let message = |text: &str| {
+    out.push(
         json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
-               "content": [{"type": "output_text", "text": text, "annotations": []}]})
-    };
-    let call = |reference: String| {
-        json!({"type": "function_call", "id": format!("fc_{id}"), "status": "completed",
-               "call_id": format!("call_lookup_{}", items.len()), "name": LOOKUP_TOOL,
-               "arguments": json!({"ref": reference}).to_string()})
-    };
-    let declared = offers_tool(request, LOOKUP_TOOL);
-    let summary = items
-        .iter()
-        .map(text_of)
-        .find(|text| text.contains("Here is a summary of the conversation to date"));
-    let recall = items
-        .iter()
-        .rev()
-        .filter(|i| kind(i) == "message" && i.get("role").and_then(Value::as_str) == Some("user"))
-        .map(text_of)
-        .find(|text| !text.is_empty() && !text.contains("Here is a summary"))
-        .is_some_and(|text| text.contains("Recall"));
-    if kind(last).ends_with("_output") {
-        let looked_up = items.iter().any(|i| {
-            kind(i) == "function_call" && i.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL)
-        });
-        if !looked_up {
-            // An agent step behind a summary: the model reads one original first, each step,
-            // then goes on with the step (what a real CLI must never see).
-            let first_ref = summary
-                .as_deref()
-                .filter(|_| declared && !recall)
-                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
-                .and_then(|line| line.split_whitespace().next())?;
-            out.push(message("Reading what the summary stands for first."));
-            out.push(call(format!("ref:{first_ref}")));
-            return Some(out);
-        }
-        if !recall {
-            return None;
-        }
-        let output = match last.get("output") {
-            Some(Value::String(text)) => text.clone(),
-            Some(other) => other.to_string(),
-            None => String::new(),
-        };
-        out.push(message(&format!(
-            "Recalled: {}",
-            facts_in(&output).join(" ")
-        )));
-        return Some(out);
-    }
-    match planned_lookup(&summary?, &text_of(last), declared)? {
-        Lookup::Call(reference) => {
-            out.push(message("Let me read the original."));
-            out.push(call(reference));
-        }
-        Lookup::Answer(text) => out.push(message(&text)),
+               "content": [{"type": "output_text", "text": turn.text, "annotations": []}]}),
+    );
+    if let Some(reference) = turn.call {
+        out.push(
+            json!({"type": "function_call", "id": format!("fc_{id}"), "status": "completed",
+                        "call_id": format!("call_lookup_{}", items.len()), "name": LOOKUP_TOOL,
+                        "arguments": json!({"ref": reference}).to_string()}),
+        );
     }
     Some(out)
 }
 
-/// Gemini: as [`lookup_blocks`], in parts; the lookup's call signed as Google signs a turn's
-/// first call, so a lookup turn sent back without its signature is refused.
+/// Gemini: [`lookup_turn`] in parts; the lookup's call signed as Google signs a turn's first
+/// call, so a lookup turn sent back without its signature is refused.
 fn lookup_parts(request: &Value) -> Option<Vec<Value>> {
     let turns = request.get("contents")?.as_array()?;
     let last = turns.last()?;
@@ -708,65 +752,43 @@ fn lookup_parts(request: &Value) -> Option<Vec<Value>> {
         .filter_map(|tool| tool.get("functionDeclarations").and_then(Value::as_array))
         .flatten()
         .any(|d| d.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
-    let summary = turns
-        .iter()
-        .map(text)
-        .find(|t| t.contains("Here is a summary of the conversation to date"));
-    let recall = turns
-        .iter()
-        .rev()
-        .filter(|t| t.get("role").and_then(Value::as_str) != Some("model"))
-        .map(text)
-        .find(|t| !t.is_empty() && !t.contains("Here is a summary"))
-        .is_some_and(|t| t.contains("Recall"));
-    let call = |reference: String| {
-        let id = format!("{STEP_MARK}lookup_{}", turns.len());
-        json!({"functionCall": {"name": LOOKUP_TOOL, "args": {"ref": reference}, "id": id},
-               "thoughtSignature": crate::gemini::signature(&id)})
-    };
     let responses: Vec<Value> = parts_of(last)
         .into_iter()
         .filter_map(|p| p.get("functionResponse").cloned())
         .collect();
-    if !responses.is_empty() {
+    let results = (!responses.is_empty()).then(|| {
         let looked_up = turns.iter().any(|turn| {
             parts_of(turn).iter().any(|p| {
                 p.pointer("/functionCall/name").and_then(Value::as_str) == Some(LOOKUP_TOOL)
             })
         });
-        if !looked_up {
-            let first_ref = summary
-                .as_deref()
-                .filter(|_| declared && !recall)
-                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
-                .and_then(|line| line.split_whitespace().next())?;
-            return Some(vec![
-                json!({"text": "Reading what the summary stands for first."}),
-                call(format!("ref:{first_ref}")),
-            ]);
-        }
-        if !recall {
-            return None;
-        }
         let output: String = responses
             .iter()
             .map(|r| r["response"].to_string())
             .collect();
-        return Some(vec![
-            json!({"text": format!("Recalled: {}", facts_in(&output).join(" "))}),
-        ]);
+        (output, looked_up)
+    });
+    let from_model = |t: &Value| t.get("role").and_then(Value::as_str) == Some("model");
+    let turn = lookup_turn(LookupView {
+        declared,
+        summary: summary_in(turns.iter().map(text)),
+        recall: asks_to_recall(turns.iter().filter(|t| !from_model(t)).map(text)),
+        results,
+        question: text(last),
+    })?;
+    let mut parts = vec![json!({"text": turn.text})];
+    if let Some(reference) = turn.call {
+        let id = format!("{STEP_MARK}lookup_{}", turns.len());
+        parts.push(
+            json!({"functionCall": {"name": LOOKUP_TOOL, "args": {"ref": reference}, "id": id},
+                   "thoughtSignature": crate::gemini::signature(&id)}),
+        );
     }
-    match planned_lookup(&summary?, &text(last), declared)? {
-        Lookup::Call(reference) => Some(vec![
-            json!({"text": "Let me read the original."}),
-            call(reference),
-        ]),
-        Lookup::Answer(answer) => Some(vec![json!({"text": answer})]),
-    }
+    Some(parts)
 }
 
-/// Messages: as [`lookup_reply`], in blocks (a thinking block first when the request asks for
-/// thinking); None when the turn is not about the planted facts.
+/// Messages: [`lookup_turn`] in blocks (a thinking block first when the request asks for
+/// thinking), with its stop reason.
 fn lookup_blocks(request: &Value, thinking: bool) -> Option<(Vec<Value>, &'static str)> {
     let messages = request.get("messages")?.as_array()?;
     let last = messages.last()?;
@@ -780,83 +802,48 @@ fn lookup_blocks(request: &Value, thinking: bool) -> Option<(Vec<Value>, &'stati
             .cloned()
             .collect()
     };
-    let mut blocks = Vec::new();
-    if thinking {
-        let thought = "The summary may have lost the code.".to_string();
-        blocks.push(json!({"type": "thinking", "thinking": thought,
-                           "signature": crate::anthropic::thinking_signature(&thought)}));
-    }
     let declared = request
         .get("tools")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .any(|t| t.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL));
-    let summary = messages
-        .iter()
-        .map(text_of)
-        .find(|text| text.contains("Here is a summary of the conversation to date"));
-    let recall = messages
-        .iter()
-        .rev()
-        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map(text_of)
-        .find(|text| !text.is_empty() && !text.contains("Here is a summary"))
-        .is_some_and(|text| text.contains("Recall"));
-    let results = blocks_of(last, "tool_result");
-    if !results.is_empty() {
+    let tool_results = blocks_of(last, "tool_result");
+    let results = (!tool_results.is_empty()).then(|| {
         let looked_up = messages.iter().any(|m| {
             blocks_of(m, "tool_use")
                 .iter()
                 .any(|b| b.get("name").and_then(Value::as_str) == Some(LOOKUP_TOOL))
         });
-        if !looked_up {
-            // An agent step behind a summary: the model reads one original first, each step,
-            // then goes on with the step (what a real CLI must never see).
-            let first_ref = summary
-                .as_deref()
-                .filter(|_| declared && !recall)
-                .and_then(|s| s.lines().find_map(|line| line.strip_prefix("- ref:")))
-                .and_then(|line| line.split_whitespace().next())?;
-            blocks.push(
-                json!({"type": "text", "text": "Reading what the summary stands for first."}),
-            );
-            blocks.push(
-                json!({"type": "tool_use", "id": format!("toolu_lookup_{}", messages.len()),
-                               "name": LOOKUP_TOOL, "input": {"ref": format!("ref:{first_ref}")}}),
-            );
-            return Some((blocks, "tool_use"));
-        }
-        if !recall {
-            return None;
-        }
-        let text: String = results
+        let text: String = tool_results
             .iter()
-            .map(|r| match r.get("content") {
-                Some(Value::String(text)) => text.clone(),
-                Some(other) => other.to_string(),
-                None => String::new(),
-            })
+            .map(|r| output_text(r.get("content")))
             .collect();
-        let facts = facts_in(&text);
-        blocks.push(json!({"type": "text", "text": format!("Recalled: {}", facts.join(" "))}));
+        (text, looked_up)
+    });
+    let is_user = |m: &Value| m.get("role").and_then(Value::as_str) == Some("user");
+    let turn = lookup_turn(LookupView {
+        declared,
+        summary: summary_in(messages.iter().map(text_of)),
+        recall: asks_to_recall(messages.iter().filter(|m| is_user(m)).map(text_of)),
+        results,
+        question: text_of(last),
+    })?;
+    let mut blocks = Vec::new();
+    if thinking {
+        let thought = "The summary may have lost the code.".to_string();
+        blocks.push(json!({"type": "thinking", "thinking": thought,
+                           "signature": crate::anthropic::thinking_signature(&thought)}));
+    }
+    blocks.push(json!({"type": "text", "text": turn.text}));
+    let Some(reference) = turn.call else {
         return Some((blocks, "end_turn"));
-    }
-    let question = text_of(last);
-    match planned_lookup(&summary?, &question, declared)? {
-        Lookup::Call(reference) => {
-            blocks.push(json!({"type": "text", "text": "Let me read the original."}));
-            blocks.push(
-                json!({"type": "tool_use", "id": format!("toolu_lookup_{}", messages.len()),
-                               "name": LOOKUP_TOOL, "input": {"ref": reference}}),
-            );
-            Some((blocks, "tool_use"))
-        }
-        Lookup::Answer(text) => {
-            blocks.push(json!({"type": "text", "text": text}));
-            Some((blocks, "end_turn"))
-        }
-    }
+    };
+    blocks.push(
+        json!({"type": "tool_use", "id": format!("toolu_lookup_{}", messages.len()),
+                       "name": LOOKUP_TOOL, "input": {"ref": reference}}),
+    );
+    Some((blocks, "tool_use"))
 }
 
 #[cfg(test)]
