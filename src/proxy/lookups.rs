@@ -81,8 +81,8 @@ pub(super) fn offer(
     })
 }
 
-/// Whether the body sent is still the one the lookups were offered on (a retry after a
-/// context-length error compacts again, without the tool).
-pub(super) fn still_offered(rounds: &Rounds, sent: Option<&Bytes>) -> bool {
-    sent.is_some_and(|body| *body == rounds.body)
+/// Whether the body sent is still `offered`, the one the lookups were offered on (a retry
+/// after a context-length error compacts again, without the tool).
+pub(super) fn still_offered(offered: &Bytes, sent: Option<&Bytes>) -> bool {
+    sent.is_some_and(|body| body == offered)
 }

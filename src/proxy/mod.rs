@@ -198,16 +198,11 @@ async fn through_upstream(
         caller,
     };
     let rounds = lookups::offer(current, &facts, &mut compacting, &mut outgoing, log);
-    let (response, compacted) = send(app, outgoing, compacting, log).await?;
+    let offered = rounds.as_ref().map(|rounds| &rounds.body);
+    let (response, compacted) = send(app, outgoing, compacting, offered, log).await?;
     let sent = compacted.as_ref().map(|c| &c.body);
-    let response = match rounds.filter(|rounds| lookups::still_offered(rounds, sent)) {
-        Some(rounds) => {
-            // Neither the answer's usage (every round's input, summed, after a lookup) nor a
-            // body carrying compactor's own tool and index (ids and paths, which count
-            // unlike the conversation) says how the conversation counts.
-            log.calibration = None;
-            crate::retrieval::after_upstream(response, rounds).await?
-        }
+    let response = match rounds.filter(|rounds| lookups::still_offered(&rounds.body, sent)) {
+        Some(rounds) => crate::retrieval::after_upstream(response, rounds).await?,
         None => response,
     };
     let response = match addition.filter(|_| response.status().is_success()) {
@@ -242,11 +237,13 @@ fn upstream_uri(upstream: &Upstream, rest: &str, query: Option<String>) -> Resul
 }
 
 /// The send phase: the upstream call, its one retry after a context-length error, and the
-/// calibration sample a successful answer's usage will feed.
+/// calibration sample a successful answer's usage will feed. `offered`: the body that carries
+/// the lookup tool, when the request was offered it.
 async fn send(
     app: &App,
     outgoing: Outgoing<'_>,
     compacting: Compacting<'_>,
+    offered: Option<&bytes::Bytes>,
     log: &mut RequestLog,
 ) -> Result<(Response<ProxyBody>, Option<Compacted>), ProxyError> {
     let Outgoing {
@@ -281,7 +278,12 @@ async fn send(
             .await?;
     }
     log.upstream_wait = target.waited();
-    if response.status().is_success() {
+    // Neither the answer to a body offered lookups (every round's input, summed, after one)
+    // nor that body (compactor's own tool and index: ids and paths, which count unlike the
+    // conversation) says how the conversation counts.
+    let sent = compacted.as_ref().map(|c| &c.body);
+    let sent_offered = offered.is_some_and(|offered| lookups::still_offered(offered, sent));
+    if response.status().is_success() && !sent_offered {
         let upstream = &target.upstream.name;
         let model = log.model.as_deref();
         log.calibration = calibration_sample(engine, upstream, compacted.as_ref(), model);
