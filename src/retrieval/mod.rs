@@ -64,8 +64,9 @@ pub struct Turn {
 
 /// What one API does for a lookup.
 pub trait Wire: Sync {
-    /// The units of the summarized messages (each message's raw JSON, oldest first).
-    fn parts(&self, covered: &[&str]) -> Vec<Part>;
+    /// The units of the summarized messages (each message's raw JSON and its value, oldest
+    /// first).
+    fn parts(&self, covered: &[(&str, Value)]) -> Vec<Part>;
     /// Whether this request can be offered the tool: one choice, and a tool choice that lets
     /// the model call it.
     fn offers(&self, body: &[u8]) -> bool;
@@ -168,11 +169,10 @@ pub fn prepare(
     if !wire.offers(compacted) {
         return None;
     }
-    let raws: Vec<&str> = covered
+    let raws = covered
         .iter()
-        .filter_map(|range| std::str::from_utf8(original.get(range.clone())?).ok())
-        .collect();
-    let refs = Refs::new(wire.parts(&raws), refs::MAX_INDEX_LINES);
+        .filter_map(|range| std::str::from_utf8(original.get(range.clone())?).ok());
+    let refs = Refs::new(wire.parts(&parsed(raws)), refs::MAX_INDEX_LINES);
     if refs.is_empty() {
         return None;
     }
@@ -196,6 +196,13 @@ pub fn ref_schema() -> Value {
         "properties": {"ref": {"type": "string", "description": "One ref from the summary's list, such as ref:0a1b2c3d4e."}},
         "required": ["ref"],
     })
+}
+
+/// Messages' raw JSON with their values, those that parse, as [`Wire::parts`] reads them.
+pub fn parsed<'a>(raws: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, Value)> {
+    raws.into_iter()
+        .filter_map(|raw| Some((raw, serde_json::from_str(raw).ok()?)))
+        .collect()
 }
 
 /// The `ref` a call's arguments name ("" when they name none).

@@ -78,11 +78,7 @@ fn calls_of(message: &Value) -> Vec<(String, String, String)> {
 }
 
 impl Wire for ChatRetrieval {
-    fn parts(&self, covered: &[&str]) -> Vec<Part> {
-        let messages: Vec<(&str, Value)> = covered
-            .iter()
-            .filter_map(|raw| Some((*raw, serde_json::from_str::<Value>(raw).ok()?)))
-            .collect();
+    fn parts(&self, messages: &[(&str, Value)]) -> Vec<Part> {
         let mut taken = vec![false; messages.len()];
         let mut parts = Vec::new();
         for i in 0..messages.len() {

@@ -152,11 +152,7 @@ fn turn_of(parts: Vec<Value>, tool: &str) -> Turn {
 }
 
 impl Wire for GeminiRetrieval {
-    fn parts(&self, covered: &[&str]) -> Vec<Part> {
-        let turns: Vec<(&str, Value)> = covered
-            .iter()
-            .filter_map(|raw| Some((*raw, serde_json::from_str::<Value>(raw).ok()?)))
-            .collect();
+    fn parts(&self, turns: &[(&str, Value)]) -> Vec<Part> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < turns.len() {
@@ -484,7 +480,8 @@ mod tests {
         let call = json!({"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {"path": "a"}}, "thoughtSignature": "s"}]}).to_string();
         let answer = json!({"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": "the code is X"}}}]}).to_string();
         let text = json!({"role": "user", "parts": [{"text": "hi"}]}).to_string();
-        let parts = GeminiRetrieval.parts(&[text.as_str(), &call, &answer]);
+        let parts =
+            GeminiRetrieval.parts(&crate::retrieval::parsed([text.as_str(), &call, &answer]));
         assert_eq!(parts.len(), 2, "{parts:#?}");
         assert_eq!(parts[1].raw, format!("{call}{answer}"));
         assert!(parts[1]

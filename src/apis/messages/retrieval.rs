@@ -81,11 +81,7 @@ fn lookup_of(block: &Value) -> Call {
 }
 
 impl Wire for MessagesRetrieval {
-    fn parts(&self, covered: &[&str]) -> Vec<Part> {
-        let messages: Vec<(&str, Value)> = covered
-            .iter()
-            .filter_map(|raw| Some((*raw, serde_json::from_str::<Value>(raw).ok()?)))
-            .collect();
+    fn parts(&self, messages: &[(&str, Value)]) -> Vec<Part> {
         let mut taken = vec![false; messages.len()];
         let mut parts = Vec::new();
         for i in 0..messages.len() {

@@ -116,11 +116,7 @@ fn said_in<'v>(items: impl IntoIterator<Item = &'v Value>) -> String {
 }
 
 impl Wire for ResponsesRetrieval {
-    fn parts(&self, covered: &[&str]) -> Vec<Part> {
-        let items: Vec<(&str, Value)> = covered
-            .iter()
-            .filter_map(|raw| Some((*raw, serde_json::from_str::<Value>(raw).ok()?)))
-            .collect();
+    fn parts(&self, items: &[(&str, Value)]) -> Vec<Part> {
         let mut taken = vec![false; items.len()];
         let mut parts = Vec::new();
         for i in 0..items.len() {
@@ -517,8 +513,12 @@ mod tests {
             json!({"type": "reasoning", "summary": [], "encrypted_content": "e"}).to_string();
         let message =
             json!({"role": "user", "content": [{"type": "input_text", "text": "hi"}]}).to_string();
-        let parts =
-            ResponsesRetrieval.parts(&[message.as_str(), reasoning.as_str(), &call, &output]);
+        let parts = ResponsesRetrieval.parts(&crate::retrieval::parsed([
+            message.as_str(),
+            reasoning.as_str(),
+            &call,
+            &output,
+        ]));
         assert_eq!(parts.len(), 2, "{parts:#?}");
         assert_eq!(parts[0].text, "[user]\nhi");
         assert!(parts[1].what.starts_with("read_file("), "{}", parts[1].what);

@@ -15,7 +15,7 @@ fn a_call_and_its_result_are_one_unit_and_other_messages_one_each() {
             .to_string(),
     ];
     let raws: Vec<&str> = covered.iter().map(String::as_str).collect();
-    let parts = ChatRetrieval.parts(&raws);
+    let parts = ChatRetrieval.parts(&crate::retrieval::parsed(raws.iter().copied()));
     assert_eq!(parts.len(), 2, "{parts:#?}");
     assert!(
         parts[0].what.starts_with("user message"),
