@@ -5,17 +5,18 @@ use compactor::apis::chat;
 use compactor::apis::chat::summary_message;
 use compactor::compaction::planner::digest::Digest;
 use compactor::compaction::planner::plan::{
-    plan, CachedSummary, Decision, NoCache, Pace, Plan, PlanSettings, SummaryLookup,
+    plan, CachedSummary, Decision, NoCache, Plan, PlanSettings, SummaryLookup,
 };
 use compactor::compaction::planner::rewrite::rewrite;
 use compactor::compaction::planner::skills::SkillRescue;
 use compactor::compaction::planner::structure::{validate, Layout, Split};
 use compactor::compaction::planner::tokens::TokenModel;
+use compactor::compaction::scope::Scope;
+use compactor::compaction::summaries::cache::{ScopedLookup, SummaryCache};
 use compactor::compaction::summaries::summary_input::{self, InputSettings};
 use compactor::compaction::Reason;
 use compactor::config::{ContextSize, Oversize, SummaryRole};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 
 fn body(messages: &[Value]) -> String {
     json!({"model": "gpt-4o-mini", "temperature": 0.3, "messages": messages, "stream": true})
@@ -1181,26 +1182,15 @@ fn an_agent_loop_grows_by_one_response_a_request_whatever_its_request_ends_on() 
     }
 }
 
-/// What a replica remembers between requests when it keeps no summaries: each plan's pace.
-#[derive(Default)]
-struct Paces(HashMap<Digest, Pace>);
-
-impl SummaryLookup for Paces {
-    fn chain_seed(&mut self) -> Digest {
-        [0; 32]
-    }
-    fn get(&mut self, _: &Digest) -> Option<CachedSummary> {
-        None
-    }
-    fn pace(&mut self, request: &Digest) -> Option<Pace> {
-        self.0.get(request).copied()
-    }
-}
-
-/// Plans each request in turn as one replica would, remembering paces if `remember`; the
-/// last request's plan.
+/// Plans each request in turn against one replica's own cache, keeping each plan's pace there
+/// if `remember`; the last request's plan.
 fn plan_in_turn(requests: &[Vec<Value>], settings: &PlanSettings, remember: bool) -> Plan {
-    let mut paces = Paces::default();
+    let cache = SummaryCache::new(1 << 20);
+    let scope = Scope {
+        deployment: [0; 32],
+        tenant: [0; 32],
+        fingerprint: [0; 32],
+    };
     let mut last = None;
     for request in requests {
         let text = body(request);
@@ -1210,13 +1200,10 @@ fn plan_in_turn(requests: &[Vec<Value>], settings: &PlanSettings, remember: bool
             settings,
             &TokenModel::default(),
             false,
-            &mut paces,
+            &mut ScopedLookup::new(&cache, || scope),
         );
         if let (Some(record), true) = (planned.pace, remember) {
-            if let Some(superseded) = record.superseded {
-                paces.0.remove(&superseded);
-            }
-            paces.0.insert(record.key, record.pace);
+            cache.keep_pace(record);
         }
         last = Some(planned);
     }
