@@ -240,7 +240,9 @@ pub struct SummarizationConfig {
     /// own growth (what one request added, on average, over its latest steps) before the
     /// trigger is reached again, so a fast-growing conversation reuses its summary for about
     /// as many turns as a slow one. The room never takes more than half of what headroom
-    /// leaves. 0: headroom alone.
+    /// leaves, or, where each request holds several responses (one request per user turn),
+    /// more than leaves the latest `headroom_turns / 2` responses beside the summary.
+    /// 0: headroom alone.
     pub headroom_turns: u64,
     /// Summarizer call timeout.
     pub timeout_secs: f64,

@@ -1214,7 +1214,7 @@ fn plan_in_turn(requests: &[Vec<Value>], settings: &PlanSettings, remember: bool
 fn a_client_sending_one_request_a_user_turn_is_measured_between_its_requests() {
     // Each request is a user turn the client ran four tool calls for before sending it (about
     // 1 000 tokens a request, one response's worth in the history being 200). Measured between
-    // requests, the cut leaves room for that pace, as far as half of headroom allows; read off
+    // requests, the cut leaves room for that pace, as far as the latest responses allow; read off
     // the history alone, it leaves room for ten 200-token steps, under three such requests.
     let requests: Vec<Vec<Value>> = (11..=15).map(|turns| tasks_run(turns, 4, 200)).collect();
     let per_request = {
@@ -1234,6 +1234,53 @@ fn a_client_sending_one_request_a_user_turn_is_measured_between_its_requests() {
         steps_until_the_trigger(measured, per_request, 10_000) >= 3,
         "{measured:?} ({per_request} tokens a request)"
     );
+}
+
+#[test]
+fn a_client_sending_one_request_a_user_turn_keeps_its_latest_responses_not_half_of_headroom() {
+    // Each request is a user turn of four 200-token steps and a closing text (about 1 000
+    // tokens, five responses). Room for ten such requests is more than the trigger: the cut
+    // keeps the latest five responses beside the summary, not half of headroom (3 750
+    // tokens, three whole user turns), so the summary serves more requests.
+    let requests: Vec<Vec<Value>> = (11..=15).map(|turns| tasks_run(turns, 4, 200)).collect();
+    let text = body(&requests[4]);
+    let planned = plan_in_turn(&requests, &keep_all(growth_settings(10)), true);
+    let (layout, _) = summarize_layout(&planned);
+    assert!(layout.projected_tokens < 2_500, "{layout:?}");
+    let kept = rewritten(&text, layout);
+    let results = kept.iter().filter(|m| m["role"] == "tool").count();
+    assert!(results >= 3, "{results} results kept: {layout:?}");
+}
+
+#[test]
+fn a_client_sending_one_request_a_response_keeps_half_of_headroom_when_its_pace_drops() {
+    // An agent loop reads ten large files (3 000 tokens each), then nine small ones (100).
+    // Measured between its requests the pace still remembers the large reads (ten of them
+    // ask for more room than headroom leaves) while the history's latest responses are small;
+    // each request still adds one response's messages, so it is not taken for a client
+    // sending one request per user turn: the cut keeps half of headroom, every small read,
+    // not only the latest five responses.
+    let mut messages = vec![system("sys"), user("fix the build")];
+    let mut requests = Vec::new();
+    for step in 0..19 {
+        let tokens = if step < 10 { 3_000 } else { 100 };
+        let id = format!("read-{step}");
+        messages.push(call_named(
+            &id,
+            "read_file",
+            json!({"path": format!("src/f{step}.rs")}),
+        ));
+        messages.push(result(&id, &"w".repeat(tokens * 4)));
+        requests.push(messages.clone());
+    }
+    let planned = plan_in_turn(&requests, &keep_all(growth_settings(10)), true);
+    let (layout, _) = summarize_layout(&planned);
+    let kept = rewritten(&body(&messages), layout);
+    let small_reads = kept
+        .iter()
+        .filter(|m| m["role"] == "tool" && m["content"].as_str().is_some_and(|c| c.len() < 1_000))
+        .count();
+    assert_eq!(small_reads, 9, "{layout:?}");
 }
 
 #[test]

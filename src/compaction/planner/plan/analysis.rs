@@ -51,6 +51,8 @@ impl Analysis {
         let growth = Growth::of(messages, &suffix, head);
         Analysis {
             growth,
+            response_growth: growth,
+            summary_estimate_tokens: settings.summary_estimate_tokens,
             skill_bundles,
             tokens,
             suffix,
@@ -193,6 +195,32 @@ impl Analysis {
         self.over_target(tokens, messages, Target { factor, turns: 0 }, goal)
     }
 
+    /// The least a compacted request keeps under threshold `t`, however fast the conversation
+    /// grows, where each request holds several responses (a client sending one request per
+    /// user turn, measured between its requests): what cannot be summarized, the summary and
+    /// the latest `turns / 2` responses at their own size. Half of headroom, the floor of a
+    /// client sending one request per response (where it holds about as many of the model's
+    /// latest steps at the tight sizes the sessions bench runs), held several whole user turns
+    /// there and cost a summary every few of them. Told apart by messages, not tokens: a
+    /// client that sends each response's results changes pace in tokens (a run of large
+    /// reads, then small ones) but still adds one response's messages a request. None (half
+    /// of headroom) for a request of about one response, or before two responses.
+    fn verbatim_floor(&self, t: &Threshold, target: Target) -> f64 {
+        let per_response = self.response_growth;
+        if per_response.messages == 0 || self.growth.messages < 2 * per_response.messages {
+            return f64::INFINITY;
+        }
+        let (per_response, fixed) = match t {
+            Threshold::Tokens(_) => (
+                per_response.tokens,
+                self.pinned_tokens + self.schema_tokens + self.summary_estimate_tokens,
+            ),
+            Threshold::Messages(_) => (per_response.messages, self.head as u64 + 1),
+        };
+        let responses = (target.turns / 2).max(1);
+        responses.saturating_mul(per_response).saturating_add(fixed) as f64
+    }
+
     /// Whether (tokens, messages) reach any threshold's `target`, with each threshold's coming
     /// growth counted in when planning ahead.
     pub(super) fn over_target(
@@ -225,7 +253,8 @@ impl Analysis {
                     }) + per_turn
                 }
             };
-            (measure + coming) as f64 >= target_limit(t.value(), target, per_turn)
+            (measure + coming) as f64
+                >= target_limit(t.value(), target, per_turn, self.verbatim_floor(t, target))
         })
     }
 
@@ -255,7 +284,8 @@ impl Analysis {
             factor: headroom,
             turns: settings.headroom_turns,
         };
-        let room = target_limit(trigger, target, growth)
+        let floor = self.verbatim_floor(&Threshold::Tokens(trigger), target);
+        let room = target_limit(trigger, target, growth, floor)
             - settings.summary_estimate_tokens as f64
             - 2.0 * growth as f64;
         (room >= growth as f64).then(|| factor.max(1.0 - room / trigger as f64))
@@ -386,14 +416,15 @@ impl Analysis {
 }
 
 /// What a threshold of `value` allows for `target`: `factor ×` it, and with `turns` of
-/// `per_turn` growth, the threshold less that room. Room for growth never takes more than half
-/// of what headroom leaves: past that, a faster conversation would be cut to its latest message
-/// and lose the recent turns the model needs more than it needs a longer reuse.
-fn target_limit(value: u64, target: Target, per_turn: u64) -> f64 {
+/// `per_turn` growth, the threshold less that room. Room for growth never takes the request
+/// below `floor` (what keeps the latest responses verbatim) nor below half of what headroom
+/// leaves, whichever is less: past that, a faster conversation would be cut to its latest
+/// message and lose the recent steps the model needs more than it needs a longer reuse.
+fn target_limit(value: u64, target: Target, per_turn: u64, floor: f64) -> f64 {
     let limit = target.factor * value as f64;
     if target.turns == 0 {
         return limit;
     }
     let room = target.turns.saturating_mul(per_turn) as f64;
-    limit.min((value as f64 - room).max(limit / 2.0))
+    limit.min((value as f64 - room).max(floor.min(limit / 2.0)))
 }

@@ -193,7 +193,11 @@ struct Analysis {
     thresholds: Vec<Threshold>,
     model: TokenModel,
     skill_bundles: Vec<SkillBundle>,
+    /// What one request adds: read off the history, then measured between requests.
     growth: Growth,
+    /// What one response adds, read off the history whatever the client's cadence.
+    response_growth: Growth,
+    summary_estimate_tokens: u64,
 }
 
 /// What one request adds to a conversation, on average over its latest steps: read off the
