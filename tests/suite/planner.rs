@@ -1085,15 +1085,20 @@ fn once_a_summary_exists_its_real_size_decides_whether_a_new_span_is_worth_a_cal
 fn agent_run(steps: usize, tokens: usize) -> Vec<Value> {
     let mut messages = vec![system("sys"), user("fix the build")];
     for step in 0..steps {
-        let id = format!("read-{step}");
-        messages.push(call_named(
-            &id,
-            "read_file",
-            json!({"path": format!("src/f{step}.rs")}),
-        ));
-        messages.push(result(&id, &"w".repeat(tokens * 4)));
+        read_step(&mut messages, step, tokens);
     }
     messages
+}
+
+/// One agent step: a `read_file` call and its result of about `tokens` tokens.
+fn read_step(messages: &mut Vec<Value>, step: usize, tokens: usize) {
+    let id = format!("read-{step}");
+    messages.push(call_named(
+        &id,
+        "read_file",
+        json!({"path": format!("src/f{step}.rs")}),
+    ));
+    messages.push(result(&id, &"w".repeat(tokens * 4)));
 }
 
 fn growth_settings(turns: u64) -> PlanSettings {
@@ -1263,14 +1268,7 @@ fn a_client_sending_one_request_a_response_keeps_half_of_headroom_when_its_pace_
     let mut messages = vec![system("sys"), user("fix the build")];
     let mut requests = Vec::new();
     for step in 0..19 {
-        let tokens = if step < 10 { 3_000 } else { 100 };
-        let id = format!("read-{step}");
-        messages.push(call_named(
-            &id,
-            "read_file",
-            json!({"path": format!("src/f{step}.rs")}),
-        ));
-        messages.push(result(&id, &"w".repeat(tokens * 4)));
+        read_step(&mut messages, step, if step < 10 { 3_000 } else { 100 });
         requests.push(messages.clone());
     }
     let planned = plan_in_turn(&requests, &keep_all(growth_settings(10)), true);
