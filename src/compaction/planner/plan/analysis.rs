@@ -196,15 +196,14 @@ impl Analysis {
     }
 
     /// The least a compacted request keeps under threshold `t`, however fast the conversation
-    /// grows, where each request holds several responses (a client sending one request per
-    /// user turn, measured between its requests): what cannot be summarized, the summary and
-    /// the latest `turns / 2` responses at their own size. Half of headroom, the floor of a
-    /// client sending one request per response (where it holds about as many of the model's
-    /// latest steps at the tight sizes the sessions bench runs), held several whole user turns
-    /// there and cost a summary every few of them. Told apart by messages, not tokens: a
-    /// client that sends each response's results changes pace in tokens (a run of large
-    /// reads, then small ones) but still adds one response's messages a request. None (half
-    /// of headroom) for a request of about one response, or before two responses.
+    /// grows, once each of its requests holds several responses (a client sending one request
+    /// per user turn, measured between its requests): what cannot be summarized, the summary
+    /// and the latest `turns / 2` responses at their own size. Half of headroom held several
+    /// whole user turns there and cost a summary every few of them. A client sending one
+    /// request per response keeps half of headroom (None here), which holds about that many of
+    /// its steps where the floor matters. The two are told apart by messages, not tokens: such
+    /// a client changes pace in tokens (a run of large reads, then small ones) but still adds
+    /// one response's messages a request. None too before two responses.
     fn verbatim_floor(&self, t: &Threshold, target: Target) -> f64 {
         let per_response = self.response_growth;
         if per_response.messages == 0 || self.growth.messages < 2 * per_response.messages {
