@@ -1090,15 +1090,21 @@ fn agent_run(steps: usize, tokens: usize) -> Vec<Value> {
     messages
 }
 
-/// One agent step: a `read_file` call and its result of about `tokens` tokens.
+/// One agent step of an `agent_run`: a `read_file` call and its result of about `tokens`
+/// tokens.
 fn read_step(messages: &mut Vec<Value>, step: usize, tokens: usize) {
-    let id = format!("read-{step}");
-    messages.push(call_named(
-        &id,
-        "read_file",
-        json!({"path": format!("src/f{step}.rs")}),
-    ));
-    messages.push(result(&id, &"w".repeat(tokens * 4)));
+    read_file(
+        messages,
+        &format!("read-{step}"),
+        &format!("src/f{step}.rs"),
+        tokens,
+    );
+}
+
+/// A `read_file` call of `path` as `id`, and its result of about `tokens` tokens.
+fn read_file(messages: &mut Vec<Value>, id: &str, path: &str, tokens: usize) {
+    messages.push(call_named(id, "read_file", json!({ "path": path })));
+    messages.push(result(id, &"w".repeat(tokens * 4)));
 }
 
 fn growth_settings(turns: u64) -> PlanSettings {
@@ -1156,13 +1162,12 @@ fn tasks_run(turns: usize, steps: usize, tokens: usize) -> Vec<Value> {
     for turn in 0..turns {
         messages.push(padded(user, 50));
         for step in 0..steps {
-            let id = format!("read-{turn}-{step}");
-            messages.push(call_named(
-                &id,
-                "read_file",
-                json!({"path": format!("src/{turn}_{step}.rs")}),
-            ));
-            messages.push(result(&id, &"w".repeat(tokens * 4)));
+            read_file(
+                &mut messages,
+                &format!("read-{turn}-{step}"),
+                &format!("src/{turn}_{step}.rs"),
+                tokens,
+            );
         }
         messages.push(padded(assistant, 50));
     }
